@@ -1,0 +1,358 @@
+"""One interpreter that decodes, encodes and skips any message described in ``schema``.
+
+Decoded messages are plain dicts keyed by field name. A tagged field that was not
+on the wire is absent from the dict (so decode → encode reproduces the bytes
+exactly), and tagged fields this schema does not know are kept as raw bytes under
+``UNKNOWN_TAGS`` and written back unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import lru_cache
+from typing import Any
+
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.primitives import ZERO_UUID, Reader, Writer
+from kproxy.codecs.schema import ArrayOf, Field, FieldType, MessageSpec, Struct
+
+UNKNOWN_TAGS = "_unknown_tags"
+
+Message = dict[str, Any]
+
+
+class _Plan:
+    """The fields of one struct that exist at one version, split by how they travel."""
+
+    __slots__ = ("by_tag", "regular", "tagged")
+
+    def __init__(self, regular: list[Field], tagged: list[Field]) -> None:
+        self.regular = regular
+        self.tagged = sorted(tagged, key=lambda fld: fld.tag or 0)
+        self.by_tag = {fld.tag: fld for fld in tagged}
+
+
+@lru_cache(maxsize=4096)
+def _plan(st: Struct, version: int, flexible: bool) -> _Plan:
+    regular: list[Field] = []
+    tagged: list[Field] = []
+    for fld in st.fields:
+        if version not in fld.versions:
+            continue
+        if flexible and version in fld.tagged:
+            tagged.append(fld)
+        else:
+            regular.append(fld)
+    return _Plan(regular, tagged)
+
+
+def _zero(t: FieldType) -> Any:
+    if isinstance(t, ArrayOf):
+        return []
+    if isinstance(t, Struct):
+        return None
+    return {
+        "bool": False,
+        "uuid": ZERO_UUID,
+        "string": "",
+        "bytes": b"",
+        "records": None,
+    }.get(t, 0)
+
+
+def default_of(fld: Field) -> Any:
+    return fld.default if fld.default is not None else _zero(fld.type)
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def decode(spec: MessageSpec, version: int, data: bytes | bytearray | memoryview) -> Message:
+    """Decode a whole body; trailing bytes are an error (they mean a schema mismatch)."""
+    if version not in spec.valid:
+        raise CodecError(f"{spec.name} v{version} is not a version this proxy understands",
+                         what=spec.name)
+    r = Reader(data)
+    msg = decode_from(spec, version, r)
+    if r.remaining():
+        raise CodecError(f"{r.remaining()} unexpected trailing bytes", what=spec.name,
+                         offset=r.pos)
+    return msg
+
+
+def decode_from(spec: MessageSpec, version: int, r: Reader) -> Message:
+    try:
+        return _decode_struct(spec.body, version, spec.is_flexible(version), r)
+    except CodecError as exc:
+        raise exc.within(spec.name) from None
+
+
+def _decode_struct(st: Struct, version: int, flexible: bool, r: Reader) -> Message:
+    plan = _plan(st, version, flexible)
+    out: Message = {}
+    for fld in plan.regular:
+        start = r.pos
+        try:
+            out[fld.name] = _decode_value(fld, fld.type, version, flexible, r)
+        except CodecError as exc:
+            if exc.offset is None:
+                exc = CodecError(exc.reason, what=exc.what, offset=start)
+            raise exc.within(fld.name) from None
+    if flexible:
+        _decode_tags(plan, version, r, out)
+    return out
+
+
+def _decode_tags(plan: _Plan, version: int, r: Reader, out: Message) -> None:
+    start = r.pos
+    count = r.uvarint()
+    if count > r.remaining():
+        raise CodecError(f"tagged field count {count} exceeds the bytes left", offset=start)
+    last = -1
+    for _ in range(count):
+        tag_at = r.pos
+        tag = r.uvarint()
+        if tag <= last:
+            raise CodecError(f"tag {tag} out of order or repeated", what="tagged fields",
+                             offset=tag_at)
+        last = tag
+        size = r.uvarint()
+        body = r.view(size) if size <= r.remaining() else None
+        if body is None:
+            raise CodecError(f"tag {tag} claims {size} bytes, {r.remaining()} left",
+                             what="tagged fields", offset=tag_at)
+        fld = plan.by_tag.get(tag)
+        if fld is None:
+            out.setdefault(UNKNOWN_TAGS, {})[tag] = bytes(body)
+            continue
+        sub = Reader(body)
+        try:
+            out[fld.name] = _decode_value(fld, fld.type, version, True, sub)
+        except CodecError as exc:
+            raise CodecError(exc.reason, what=exc.what, offset=tag_at).within(fld.name) from None
+        if sub.remaining():
+            raise CodecError(f"tag {tag} has {sub.remaining()} bytes left over",
+                             what=fld.name, offset=tag_at)
+
+
+def _decode_value(fld: Field, t: FieldType, version: int, flexible: bool, r: Reader) -> Any:
+    if isinstance(t, ArrayOf):
+        at = r.pos
+        n = r.array_length(flexible)
+        if n < 0:
+            if n == -1 and version in fld.nullable:
+                return None
+            raise CodecError(f"invalid array length {n}", offset=at)
+        # Every element takes at least one byte: a huge count in a short frame is
+        # rejected before we build a list for it.
+        if n > r.remaining():
+            raise CodecError(f"array of {n} elements cannot fit in {r.remaining()} bytes",
+                             offset=at)
+        return [_decode_value(fld, t.item, version, flexible, r) for _ in range(n)]
+    if isinstance(t, Struct):
+        return _decode_struct(t, version, flexible, r)
+    if t == "int32":
+        return r.int32()
+    if t == "int16":
+        return r.int16()
+    if t == "int64":
+        return r.int64()
+    if t == "int8":
+        return r.int8()
+    if t == "bool":
+        return r.boolean()
+    if t == "string":
+        at = r.pos
+        s = r.string(flexible)
+        if s is None and version not in fld.nullable:
+            raise CodecError("null string in a non-nullable field", offset=at)
+        return s
+    if t in ("bytes", "records"):
+        at = r.pos
+        b = r.bytes_(flexible)
+        if b is None:
+            if t == "records" or version in fld.nullable:
+                return None
+            raise CodecError("null bytes in a non-nullable field", offset=at)
+        return bytes(b)
+    if t == "uuid":
+        return r.uuid()
+    if t == "uint16":
+        return r.uint16()
+    if t == "float64":
+        return r.float64()
+    raise CodecError(f"no decoder for type {t}")  # pragma: no cover - schema bug
+
+
+# ----------------------------------------------------------------------------- skip
+
+
+def skip(spec: MessageSpec, version: int, r: Reader, *, stop_before_tags: bool = False) -> None:
+    """Advance over a body without building it (records are skipped, never copied).
+
+    With ``stop_before_tags`` the cursor stops at the top-level tagged-field section,
+    which is where KIP-951's NodeEndpoints live.
+    """
+    flexible = spec.is_flexible(version)
+    try:
+        plan = _plan(spec.body, version, flexible)
+        for fld in plan.regular:
+            _skip_value(fld.type, version, flexible, r)
+        if flexible and not stop_before_tags:
+            _skip_tags(r)
+    except CodecError as exc:
+        raise exc.within(spec.name) from None
+
+
+def _skip_struct(st: Struct, version: int, flexible: bool, r: Reader) -> None:
+    for fld in _plan(st, version, flexible).regular:
+        _skip_value(fld.type, version, flexible, r)
+    if flexible:
+        _skip_tags(r)
+
+
+def _skip_tags(r: Reader) -> None:
+    for _ in range(r.uvarint()):
+        r.uvarint()
+        r.skip(r.uvarint())
+
+
+_FIXED_SIZES = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8,
+                "float64": 8, "uuid": 16}
+
+
+def _skip_value(t: FieldType, version: int, flexible: bool, r: Reader) -> None:
+    if isinstance(t, ArrayOf):
+        at = r.pos
+        n = r.array_length(flexible)
+        if n < -1 or n > r.remaining():
+            raise CodecError(f"invalid array length {n}", offset=at)
+        item = t.item
+        if isinstance(item, str) and item in _FIXED_SIZES:
+            r.skip(max(n, 0) * _FIXED_SIZES[item])
+            return
+        for _ in range(n):
+            _skip_value(item, version, flexible, r)
+        return
+    if isinstance(t, Struct):
+        _skip_struct(t, version, flexible, r)
+        return
+    size = _FIXED_SIZES.get(t)
+    if size is not None:
+        r.skip(size)
+        return
+    at = r.pos
+    n = r.string_length(flexible) if t == "string" else r.bytes_length(flexible)
+    if n < -1:
+        raise CodecError(f"invalid length {n}", offset=at)
+    if n > 0:
+        r.skip(n)
+
+
+def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int, Message]:
+    """Skip a body's regular fields and decode only its top-level tagged section.
+
+    Returns the offset where that section starts and its fields (known by name,
+    unknown under ``UNKNOWN_TAGS``). A flexible body ends with that section, so a
+    rewrite can keep ``body[:offset]`` as it is and append a new section.
+    """
+    if not spec.is_flexible(version):
+        raise CodecError(f"{spec.name} v{version} has no tagged fields", what=spec.name)
+    skip(spec, version, r, stop_before_tags=True)
+    start = r.pos
+    out: Message = {}
+    try:
+        _decode_tags(_plan(spec.body, version, True), version, r, out)
+    except CodecError as exc:
+        raise exc.within(spec.name) from None
+    if r.remaining():
+        raise CodecError(f"{r.remaining()} unexpected trailing bytes", what=spec.name,
+                         offset=r.pos)
+    return start, out
+
+
+def encode_top_level_tags(spec: MessageSpec, version: int, tags: Message) -> bytes:
+    w = Writer()
+    encode_tags(_plan(spec.body, version, True).tagged, version, tags, w)
+    return w.getvalue()
+
+
+# ----------------------------------------------------------------------------- encode
+
+
+def encode(spec: MessageSpec, version: int, msg: Message) -> bytes:
+    if version not in spec.valid:
+        raise CodecError(f"{spec.name} v{version} is not a version this proxy understands",
+                         what=spec.name)
+    w = Writer()
+    encode_into(spec, version, msg, w)
+    return w.getvalue()
+
+
+def encode_into(spec: MessageSpec, version: int, msg: Message, w: Writer) -> None:
+    try:
+        _encode_struct(spec.body, version, spec.is_flexible(version), msg, w)
+    except CodecError as exc:
+        raise exc.within(spec.name) from None
+
+
+def _encode_struct(st: Struct, version: int, flexible: bool, msg: Message, w: Writer) -> None:
+    plan = _plan(st, version, flexible)
+    for fld in plan.regular:
+        value = msg[fld.name] if fld.name in msg else default_of(fld)
+        try:
+            _encode_value(fld, fld.type, version, flexible, value, w)
+        except CodecError as exc:
+            raise exc.within(fld.name) from None
+        except (TypeError, ValueError, OverflowError, AttributeError) as exc:
+            raise CodecError(f"cannot encode {value!r}: {exc}", what=fld.name) from None
+    if flexible:
+        encode_tags(plan.tagged, version, msg, w)
+
+
+def encode_tags(tagged: list[Field], version: int, msg: Message, w: Writer) -> None:
+    """Write a tagged-field section: known fields present in ``msg`` plus unknown ones."""
+    items: list[tuple[int, bytes]] = []
+    for fld in tagged:
+        if fld.name not in msg:
+            continue
+        sub = Writer()
+        _encode_value(fld, fld.type, version, True, msg[fld.name], sub)
+        items.append((fld.tag or 0, sub.getvalue()))
+    unknown: dict[int, bytes] = msg.get(UNKNOWN_TAGS) or {}
+    items.extend(unknown.items())
+    items.sort(key=lambda item: item[0])
+    w.uvarint(len(items))
+    for tag, payload in items:
+        w.uvarint(tag)
+        w.uvarint(len(payload))
+        w.raw(payload)
+
+
+def _encode_value(fld: Field, t: FieldType, version: int, flexible: bool, v: Any,
+                  w: Writer) -> None:
+    if isinstance(t, ArrayOf):
+        if v is None:
+            if version not in fld.nullable:
+                raise CodecError("null array in a non-nullable field")
+            w.array_length(None, flexible)
+            return
+        w.array_length(len(v), flexible)
+        for item in v:
+            _encode_value(fld, t.item, version, flexible, item, w)
+        return
+    if isinstance(t, Struct):
+        _encode_struct(t, version, flexible, v, w)
+        return
+    if t == "string":
+        if v is None and version not in fld.nullable:
+            raise CodecError("null string in a non-nullable field")
+        w.string(v, flexible)
+    elif t in ("bytes", "records"):
+        if v is None and t != "records" and version not in fld.nullable:
+            raise CodecError("null bytes in a non-nullable field")
+        w.bytes_(v, flexible)
+    elif t == "uuid":
+        w.uuid(v if isinstance(v, uuid.UUID) else uuid.UUID(str(v)))
+    else:
+        getattr(w, "boolean" if t == "bool" else t)(v)

@@ -1,0 +1,1 @@
+"""Decisions on decoded messages; pure functions and small state objects, no I/O."""
