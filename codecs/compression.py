@@ -109,11 +109,11 @@ def _snappy(data: bytes, max_bytes: int) -> bytes:
     return _snappy_block(data, max_bytes)
 
 
-def _snappy_block(block: bytes, max_bytes: int) -> bytes:
+def _snappy_block(block: bytes, max_bytes: int, budget: int | None = None) -> bytes:
     # A raw snappy block starts with its uncompressed length: check it before
     # letting the library allocate that much.
     claimed = _snappy_length(block)
-    if claimed > max_bytes:
+    if claimed > (max_bytes if budget is None else budget):
         raise DecompressionLimitExceeded("snappy", max_bytes)
     return bytes(snappy.decompress(block))
 
@@ -140,7 +140,7 @@ def _xerial(data: bytes, max_bytes: int) -> bytes:
         if n < 0 or pos + n > len(data):
             raise CodecError(f"xerial block of {n} bytes overruns the payload",
                              what="snappy payload", offset=pos - 4)
-        out += _snappy_block(data[pos : pos + n], max_bytes - len(out))
+        out += _snappy_block(data[pos : pos + n], max_bytes, max_bytes - len(out))
         pos += n
     return bytes(out)
 

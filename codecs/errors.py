@@ -8,8 +8,7 @@ class CodecError(ValueError):
 
     ``what`` names the field being decoded (a dotted path such as
     ``MetadataResponse.brokers[2].host``) and ``offset`` the byte position in the
-    buffer where decoding of that field started, so that an operator can find the
-    fault in a hex dump.
+    buffer where the fault was found, so that an operator can find it in a hex dump.
     """
 
     def __init__(self, reason: str, *, what: str = "", offset: int | None = None) -> None:
@@ -28,5 +27,6 @@ class CodecError(ValueError):
 
     def within(self, what: str) -> CodecError:
         """Return a copy whose path is prefixed by an enclosing field name."""
-        path = f"{what}.{self.what}" if self.what else what
+        sep = "" if self.what.startswith("[") else "."
+        path = f"{what}{sep}{self.what}" if self.what else what
         return CodecError(self.reason, what=path, offset=self.offset)

@@ -148,7 +148,13 @@ def _decode_value(fld: Field, t: FieldType, version: int, flexible: bool, r: Rea
         if n > r.remaining():
             raise CodecError(f"array of {n} elements cannot fit in {r.remaining()} bytes",
                              offset=at)
-        return [_decode_value(fld, t.item, version, flexible, r) for _ in range(n)]
+        items = []
+        for i in range(n):
+            try:
+                items.append(_decode_value(fld, t.item, version, flexible, r))
+            except CodecError as exc:
+                raise exc.within(f"[{i}]") from None
+        return items
     if isinstance(t, Struct):
         return _decode_struct(t, version, flexible, r)
     if t == "int32":

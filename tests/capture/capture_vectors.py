@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from recorder import Recorder  # noqa: E402
+from recorder import Recorder
 
-from kproxy.codecs.api_keys import api_name  # noqa: E402
-from kproxy.embedded_broker import TansuBroker  # noqa: E402
+from kproxy.codecs.api_keys import api_name
+from kproxy.embedded_broker import TansuBroker
 
 OUT = Path(__file__).resolve().parent.parent / "vectors"
 MAX_FRAME = 16 * 1024

@@ -8,6 +8,7 @@ It is test tooling, not the product, so it uses plain threads and sockets.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -83,10 +84,8 @@ class Recorder:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def _record(self, body: bytes, inflight: dict[int, tuple[int, int]], is_request: bool) -> None:
         with self._lock:

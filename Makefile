@@ -1,0 +1,45 @@
+# kproxy: the two commands are `make run` and `make test`; both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DEV    := $(VENV)/.installed-dev
+PORT   ?= 9092
+HTTP   ?= 9094
+
+.PHONY: run test lint typecheck-tree fmt clean vectors
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Reinstalled whenever pyproject.toml changes; idempotent otherwise.
+$(DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+run: $(DEV)
+	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP)
+
+test: $(DEV) lint
+	$(BIN)/python -m pytest -q
+
+# mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
+# symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.
+typecheck-tree:
+	@rm -rf $(VENV)/typecheck && mkdir -p $(VENV)/typecheck/kproxy
+	@for f in proxy/*; do ln -s "$(CURDIR)/$$f" $(VENV)/typecheck/kproxy/; done
+	@for d in codecs policies pipeline; do ln -s "$(CURDIR)/$$d" $(VENV)/typecheck/kproxy/$$d; done
+
+lint: $(DEV) typecheck-tree
+	$(BIN)/ruff check .
+	cd $(VENV)/typecheck && MYPYPATH=. $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p kproxy
+
+fmt: $(DEV)
+	$(BIN)/ruff check --fix .
+
+# Re-capture the byte-exact vectors from real clients against a real broker.
+vectors: $(DEV)
+	$(BIN)/python tests/capture/capture_vectors.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

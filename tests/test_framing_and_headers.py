@@ -1,0 +1,94 @@
+"""Frame splitting, header versions and the error type's message."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from kproxy.codecs import api_keys, interpreter
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import DEFAULT_MAX_FRAME_BYTES, FrameReader, FrameTooLarge, frame
+from kproxy.codecs.headers import (
+    RequestHeader,
+    read_request_header,
+    read_response_header,
+    write_request_header,
+)
+from kproxy.codecs.primitives import Reader, Writer
+from kproxy.codecs.schemas import metadata
+
+
+def test_frames_split_across_arbitrary_chunks() -> None:
+    bodies = [b"a" * 5, b"", b"xyz" * 1000]
+    stream = b"".join(frame(b) for b in bodies)
+    reader = FrameReader()
+    out = []
+    for i in range(0, len(stream), 7):
+        reader.feed(stream[i : i + 7])
+        out.extend(reader.frames())
+    assert out == bodies
+    assert reader.buffered() == 0
+
+
+def test_declared_size_over_limit_is_rejected_before_buffering() -> None:
+    assert DEFAULT_MAX_FRAME_BYTES == 100 * 1024 * 1024
+    reader = FrameReader(max_frame_bytes=1024)
+    reader.feed(struct.pack(">i", 1025))
+    with pytest.raises(FrameTooLarge, match="1025 bytes exceeds the limit of 1024"):
+        reader.next_frame()
+    neg = FrameReader()
+    neg.feed(struct.pack(">i", -5))
+    with pytest.raises(CodecError, match="negative frame size"):
+        neg.next_frame()
+
+
+@pytest.mark.parametrize(("key", "version", "req", "resp"), [
+    (api_keys.PRODUCE, 8, 1, 0), (api_keys.PRODUCE, 9, 2, 1),
+    (api_keys.METADATA, 12, 2, 1), (api_keys.METADATA, 8, 1, 0),
+    (api_keys.API_VERSIONS, 3, 2, 0), (api_keys.API_VERSIONS, 0, 1, 0),
+    (api_keys.SASL_HANDSHAKE, 1, 1, 0), (7, 0, 0, 0),
+    (api_keys.PUSH_TELEMETRY, 0, 2, 1), (200, 0, 2, 1),
+])
+def test_header_versions(key: int, version: int, req: int, resp: int) -> None:
+    assert api_keys.request_header_version(key, version) == req
+    assert api_keys.response_header_version(key, version) == resp
+
+
+def test_request_header_v2_keeps_tagged_fields() -> None:
+    hdr = RequestHeader(api_keys.METADATA, 12, 7, "me", {5: b"\x01\x02"})
+    w = Writer()
+    write_request_header(w, hdr)
+    assert read_request_header(Reader(w.getvalue())) == hdr
+
+
+def test_response_header_v1_reads_tags() -> None:
+    r = Reader(b"\x00\x00\x00\x09\x00")
+    assert read_response_header(r, api_keys.METADATA, 12).correlation_id == 9
+    assert r.remaining() == 0
+
+
+def test_codec_error_names_field_path_and_offset() -> None:
+    wire = bytearray(interpreter.encode(metadata.RESPONSE, 1, {
+        "brokers": [{"node_id": 1, "host": "h", "port": 1, "rack": None}],
+        "controller_id": 1, "topics": []}))
+    truncated = bytes(wire[:10])
+    with pytest.raises(CodecError) as err:
+        interpreter.decode(metadata.RESPONSE, 1, truncated)
+    assert "MetadataResponse.brokers[0].host" in str(err.value)
+    assert err.value.offset == 10  # the host's two length bytes were there, its bytes not
+
+
+def test_trailing_bytes_are_an_error() -> None:
+    wire = interpreter.encode(metadata.REQUEST, 0, {"topics": []}) + b"\x00"
+    with pytest.raises(CodecError, match="trailing"):
+        interpreter.decode(metadata.REQUEST, 0, wire)
+
+
+def test_unknown_tagged_fields_survive() -> None:
+    body = {"topics": [], "allow_auto_topic_creation": True,
+            "include_topic_authorized_operations": False,
+            interpreter.UNKNOWN_TAGS: {42: b"future"}}
+    wire = interpreter.encode(metadata.REQUEST, 12, body)
+    assert wire.endswith(b"\x01\x2a\x06future")
+    assert interpreter.decode(metadata.REQUEST, 12, wire) == body

@@ -1,0 +1,33 @@
+"""The sans-IO rule: codecs/ and policies/ never import trio or touch sockets."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {"trio", "socket", "asyncio", "selectors", "ssl", "h11", "subprocess"}
+SANS_IO = sorted([*(ROOT / "codecs").rglob("*.py"), *(ROOT / "policies").rglob("*.py")])
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_there_is_something_to_check() -> None:
+    assert len(SANS_IO) >= 10
+
+
+@pytest.mark.parametrize("path", SANS_IO, ids=lambda p: str(p.relative_to(ROOT)))
+def test_sans_io_module_imports_no_io(path: Path) -> None:
+    bad = _imports(path) & FORBIDDEN
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
