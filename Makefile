@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
-HTTP   ?= 9094
+HTTP   ?= 9080
 
 .PHONY: run test lint typecheck-tree fmt clean vectors
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kproxy import __version__, decode_command, embedded_command
+from kproxy import (
+    __version__,
+    decode_command,
+    demo_command,
+    embedded_command,
+    run_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kproxy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run_command.add_parser(sub)
+    demo_command.add_parser(sub)
     decode_command.add_parser(sub)
     embedded_command.add_parser(sub)
     return parser

@@ -1,0 +1,48 @@
+"""ApiVersions rewriting: never let a client pick a version the proxy cannot read.
+
+Every API the proxy decodes is capped to the versions its schemas know; an API
+whose whole range is above that is removed. APIs that carry broker addresses in
+a form the proxy does not rewrite yet (share groups' NodeEndpoints) are hidden,
+so clients never learn a backend address through them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.registry import DECODED
+
+# ShareFetch / ShareAcknowledge carry NodeEndpoints that this proxy does not rewrite.
+HIDDEN_APIS = frozenset({api_keys.SHARE_FETCH, api_keys.SHARE_ACKNOWLEDGE})
+
+
+def default_caps() -> dict[int, int]:
+    return {key: api.versions.hi for key, api in DECODED.items()}
+
+
+def cap_api_versions(body: dict[str, Any], caps: Mapping[int, int],
+                     hidden: frozenset[int] = HIDDEN_APIS,
+                     add: Mapping[int, tuple[int, int]] | None = None) -> None:
+    """Cap, hide and add entries of a decoded ApiVersions response in place.
+
+    ``add`` lists APIs the proxy serves itself (key -> (min, max)); they replace
+    whatever the broker said about them.
+    """
+    add = add or {}
+    kept = []
+    for entry in body["api_keys"]:
+        key = entry["api_key"]
+        if key in hidden or key in add:
+            continue
+        cap = caps.get(key)
+        if cap is not None:
+            if entry["min_version"] > cap:
+                continue
+            entry = {**entry, "max_version": min(entry["max_version"], cap)}
+        kept.append(entry)
+    for key, (lo, hi) in sorted(add.items()):
+        kept.append({"api_key": key, "min_version": lo, "max_version": hi})
+    kept.sort(key=lambda e: e["api_key"])
+    body["api_keys"] = kept

@@ -1,0 +1,146 @@
+"""Rewriting every broker address a backend response carries into a proxy address.
+
+Pure functions over decoded bodies (and, for Produce/Fetch, over the raw frame):
+they change hosts and ports in place and report what they saw, so the proxy shell
+can learn backend addresses and open listeners before the client sees the ports.
+A node outside the configured id range is left out (or its coordinator marked not
+available) rather than handed out unreachable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.headers import read_response_header
+from kproxy.codecs.interpreter import encode_top_level_tags, read_top_level_tags
+from kproxy.codecs.messages import Response, decode_response, encode_response
+from kproxy.codecs.primitives import Reader
+from kproxy.codecs.registry import DECODED
+from kproxy.policies.addressing import BrokerAddress, PortMap
+
+COORDINATOR_NOT_AVAILABLE = 15
+
+Body = dict[str, Any]
+
+
+@dataclass
+class Seen:
+    """What a response told us about the backend."""
+
+    nodes: dict[int, BrokerAddress] = field(default_factory=dict)
+    out_of_range: set[int] = field(default_factory=set)
+    # True when the response lists every live broker (Metadata does), so nodes
+    # missing from it have left the cluster.
+    complete: bool = False
+    cluster_id: str | None = None
+
+
+def _map(node_id: int, host: str, port: int, rack: str | None, pm: PortMap,
+         seen: Seen) -> int | None:
+    """Record a backend node and return its proxy port, or None when out of range."""
+    seen.nodes[node_id] = BrokerAddress(host, port, rack)
+    proxy_port = pm.advertised_port(node_id)
+    if proxy_port is None:
+        seen.out_of_range.add(node_id)
+    return proxy_port
+
+
+def rewrite_broker_list(brokers: list[Body], pm: PortMap, seen: Seen,
+                        id_key: str = "node_id") -> list[Body]:
+    kept = []
+    for b in brokers:
+        port = _map(b[id_key], b["host"], b["port"], b.get("rack"), pm, seen)
+        if port is not None:
+            kept.append({**b, "host": pm.advertised_host, "port": port})
+    return kept
+
+
+def rewrite_metadata(body: Body, pm: PortMap) -> Seen:
+    seen = Seen(complete=True, cluster_id=body.get("cluster_id"))
+    body["brokers"] = rewrite_broker_list(body["brokers"], pm, seen)
+    return seen
+
+
+def rewrite_describe_cluster(body: Body, pm: PortMap) -> Seen:
+    seen = Seen(cluster_id=body.get("cluster_id"))
+    body["brokers"] = rewrite_broker_list(body["brokers"], pm, seen, id_key="broker_id")
+    return seen
+
+
+def _rewrite_coordinator(c: Body, pm: PortMap, seen: Seen) -> None:
+    if c["error_code"] != 0 or c["node_id"] < 0:
+        return
+    port = _map(c["node_id"], c["host"], c["port"], None, pm, seen)
+    if port is None:
+        # Unreachable through this proxy: the client retries FindCoordinator later.
+        c.update(error_code=COORDINATOR_NOT_AVAILABLE, node_id=-1, host="", port=-1)
+        if "error_message" in c:
+            c["error_message"] = "coordinator is outside the proxy's node id range"
+    else:
+        c.update(host=pm.advertised_host, port=port)
+
+
+def rewrite_find_coordinator(body: Body, api_version: int, pm: PortMap) -> Seen:
+    seen = Seen()
+    if api_version >= 4:
+        for c in body["coordinators"]:
+            _rewrite_coordinator(c, pm, seen)
+    else:
+        _rewrite_coordinator(body, pm, seen)
+    return seen
+
+
+# ----------------------------------------------------------------------------- frames
+
+_DECODED_REWRITES = {
+    api_keys.METADATA: lambda body, _v, pm: rewrite_metadata(body, pm),
+    api_keys.DESCRIBE_CLUSTER: lambda body, _v, pm: rewrite_describe_cluster(body, pm),
+    api_keys.FIND_COORDINATOR: rewrite_find_coordinator,
+}
+
+# First version of Produce / Fetch responses that may carry NodeEndpoints (KIP-951).
+NODE_ENDPOINTS_SINCE = {api_keys.PRODUCE: 10, api_keys.FETCH: 16}
+
+
+def carries_addresses(api_key: int, api_version: int) -> bool:
+    """Whether a response of this API and version needs an address rewrite at all."""
+    if api_key in _DECODED_REWRITES:
+        return True
+    since = NODE_ENDPOINTS_SINCE.get(api_key)
+    return since is not None and api_version >= since
+
+
+@dataclass
+class Rewritten:
+    frame: bytes | None  # None: the original frame goes out unchanged
+    seen: Seen
+    response: Response | None = None  # the decoded response, when it was decoded
+
+
+def rewrite_response_frame(api_key: int, api_version: int, frame: bytes | memoryview,
+                           pm: PortMap) -> Rewritten:
+    """Rewrite one response frame body; raises CodecError when it cannot be read."""
+    rewrite = _DECODED_REWRITES.get(api_key)
+    if rewrite is not None:
+        resp = decode_response(frame, api_key, api_version)
+        seen = rewrite(resp.body, api_version, pm)
+        return Rewritten(encode_response(resp), seen, resp)
+    return _rewrite_node_endpoints(api_key, api_version, frame, pm)
+
+
+def _rewrite_node_endpoints(api_key: int, api_version: int, frame: bytes | memoryview,
+                            pm: PortMap) -> Rewritten:
+    """Walk a Produce/Fetch response to its tag section; records are skipped, not copied."""
+    spec = DECODED[api_key].response
+    r = Reader(frame)
+    read_response_header(r, api_key, api_version)
+    start, tags = read_top_level_tags(spec, api_version, r)
+    endpoints = tags.get("node_endpoints")
+    seen = Seen()
+    if not endpoints:
+        return Rewritten(None, seen)
+    tags["node_endpoints"] = rewrite_broker_list(endpoints, pm, seen)
+    head = memoryview(frame)[:start]
+    return Rewritten(bytes(head) + encode_top_level_tags(spec, api_version, tags), seen)

@@ -1,0 +1,258 @@
+"""Configuration: one table of options, read from a TOML file, KPROXY_* variables and flags.
+
+Precedence is flags > environment > file > defaults. Every option has a flag
+(``--broker-port-base``), a file key (``broker_port_base``) and an environment
+variable (``KPROXY_BROKER_PORT_BASE``), all derived from its name here, so they
+cannot drift apart. Any bad value raises ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kproxy.codecs.framing import DEFAULT_MAX_FRAME_BYTES
+from kproxy.policies.addressing import PortMap
+
+
+class ConfigError(Exception):
+    """A bad configuration value; the message names the key and what was wrong."""
+
+
+HostPort = tuple[str, int]
+
+
+def parse_host_port(text: str) -> HostPort:
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_servers(text: str | list[str]) -> list[HostPort]:
+    items = text if isinstance(text, list) else text.split(",")
+    servers = [parse_host_port(s) for s in items if str(s).strip()]
+    if not servers:
+        raise ValueError("at least one HOST:PORT is needed")
+    return servers
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = str(text).partition("-")
+    if not sep or not lo.strip().isdigit() or not hi.strip().isdigit():
+        raise ValueError(f"expected FIRST-LAST, got {text!r}")
+    first, last = int(lo), int(hi)
+    if first > last:
+        raise ValueError(f"FIRST must not exceed LAST in {text!r}")
+    return first, last
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def parse_positive_int(text: str | int) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def parse_seconds(text: str | float) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_optional_int(text: str | int | None) -> int | None:
+    if text in (None, ""):
+        return None
+    return int(str(text))
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # file key; the flag and variable are derived from it
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "KPROXY_" + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("upstream", parse_servers, "127.0.0.1:19092",
+           "bootstrap servers of the backend cluster, comma-separated", "HOST:PORT[,...]"),
+    Option("listen", parse_host_port, "127.0.0.1:9092",
+           "bootstrap listener that clients are given as bootstrap.servers", "HOST:PORT"),
+    Option("advertised_host", str, None,
+           "host written into rewritten responses (default: the listen host, or this "
+           "machine's name when listening on a wildcard address)", "HOST"),
+    Option("broker_port_base", parse_positive_int, None,
+           "advertised port of the first broker in --node-id-range (default: listen port "
+           "+ 1); broker N gets base + N - FIRST", "PORT"),
+    Option("broker_bind_host", str, None,
+           "address the per-broker listeners bind (default: the listen host)", "HOST"),
+    Option("broker_bind_port_base", parse_positive_int, None,
+           "port the first broker's listener binds, when it differs from the advertised "
+           "base (NodePort, port-forward); default: --broker-port-base", "PORT"),
+    Option("node_id_range", parse_range, "0-1023",
+           "backend node ids this proxy maps to ports; nodes outside are left out of "
+           "responses and counted", "FIRST-LAST"),
+    Option("http", parse_host_port, "127.0.0.1:9080",
+           "HTTP endpoint for /healthz, /readyz and /metrics", "HOST:PORT"),
+    Option("log_format", parse_choice("text", "json"), "text", "log line format",
+           "text|json"),
+    Option("log_level", parse_choice("debug", "info", "warning", "error"), "info",
+           "minimum level logged", "LEVEL"),
+    Option("max_frame_bytes", parse_positive_int, DEFAULT_MAX_FRAME_BYTES,
+           "largest frame accepted from either side (Kafka's socket.request.max.bytes)",
+           "BYTES"),
+    Option("max_inflight", parse_positive_int, 1000,
+           "requests in flight per client connection before the proxy stops reading "
+           "from that client", "N"),
+    Option("connect_timeout", parse_seconds, 10.0, "upstream connect timeout", "SECONDS"),
+    Option("write_timeout", parse_seconds, 60.0,
+           "longest a single write to a peer may take before the connection is dropped",
+           "SECONDS"),
+    Option("discovery_interval", parse_seconds, 10.0,
+           "how often the backend's broker set is read with a Metadata request", "SECONDS"),
+    Option("drain_timeout", parse_seconds, 30.0,
+           "on SIGTERM, how long in-flight requests may take to finish", "SECONDS"),
+)
+OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Config:
+    upstream: list[HostPort]
+    listen: HostPort
+    advertised_host: str
+    broker_port_base: int
+    broker_bind_host: str
+    broker_bind_port_base: int
+    node_id_range: tuple[int, int]
+    http: HostPort
+    log_format: str
+    log_level: str
+    max_frame_bytes: int
+    max_inflight: int
+    connect_timeout: float
+    write_timeout: float
+    discovery_interval: float
+    drain_timeout: float
+    source: str | None = None  # the config file, when there was one
+    extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
+
+    @property
+    def port_map(self) -> PortMap:
+        return PortMap(self.advertised_host, self.broker_port_base, self.broker_bind_port_base,
+                       *self.node_id_range)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", default=os.environ.get("KPROXY_CONFIG"),
+                        help="TOML config file; keys are the flag names with underscores "
+                        "(env: KPROXY_CONFIG)")
+    for opt in OPTIONS:
+        default = f" (default: {opt.default})" if opt.default is not None else ""
+        parser.add_argument(opt.flag, dest=opt.name, metavar=opt.metavar or None,
+                            default=None, help=f"{opt.help}{default} [env: {opt.env}]")
+
+
+def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None,
+         path: str | None = None) -> Config:
+    """Merge defaults, file, environment and flags into a validated Config."""
+    env = os.environ if env is None else env
+    path = path or (getattr(args, "config", None) if args else None)
+    file_values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if path:
+        file_values, extra = _read_file(path)
+    raw: dict[str, Any] = {}
+    for opt in OPTIONS:
+        flag_value = getattr(args, opt.name, None) if args else None
+        if flag_value is not None:
+            raw[opt.name] = (flag_value, opt.flag)
+        elif opt.env in env:
+            raw[opt.name] = (env[opt.env], opt.env)
+        elif opt.name in file_values:
+            raw[opt.name] = (file_values[opt.name], f"{path}: {opt.name}")
+        else:
+            raw[opt.name] = (opt.default, opt.name)
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        value, where = raw[opt.name]
+        if value is None:
+            values[opt.name] = None
+            continue
+        try:
+            values[opt.name] = opt.parse(value)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return _derive(values, path, extra)
+
+
+def _read_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML ({exc})") from None
+    flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key in flat:
+        if key not in OPTIONS_BY_NAME:
+            raise ConfigError(f"{path}: {key}: unknown key")
+    return flat, tables
+
+
+def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Config:
+    listen_host, listen_port = v["listen"]
+    advertised = v["advertised_host"]
+    if not advertised:
+        advertised = socket.getfqdn() if listen_host in ("0.0.0.0", "::", "") else listen_host
+    base = v["broker_port_base"] or listen_port + 1
+    bind_base = v["broker_bind_port_base"] or base
+    cfg = Config(
+        upstream=v["upstream"], listen=v["listen"], advertised_host=advertised,
+        broker_port_base=base, broker_bind_host=v["broker_bind_host"] or listen_host,
+        broker_bind_port_base=bind_base, node_id_range=v["node_id_range"], http=v["http"],
+        log_format=v["log_format"], log_level=v["log_level"],
+        max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
+        connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
+        discovery_interval=v["discovery_interval"], drain_timeout=v["drain_timeout"],
+        source=path, extra=extra,
+    )
+    try:
+        pm = cfg.port_map
+    except ValueError as exc:
+        raise ConfigError(f"broker_port_base/node_id_range: {exc}") from None
+    first_port = pm.bind_port_base
+    last_port = pm.bind_port_base + pm.last_node_id - pm.first_node_id
+    for name, (host, port) in (("listen", cfg.listen), ("http", cfg.http)):
+        if first_port <= port <= last_port and host in (cfg.broker_bind_host, "0.0.0.0"):
+            raise ConfigError(f"{name}: port {port} falls inside the broker port range "
+                              f"{first_port}-{last_port}")
+    return cfg

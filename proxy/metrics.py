@@ -1,0 +1,50 @@
+"""The proxy's own Prometheus metrics. Labels are bounded: API name, listener, outcome."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.connections_active = Gauge(
+            "kproxy_client_connections", "Client connections open now", ["listener"],
+            registry=r)
+        self.connections_total = Counter(
+            "kproxy_client_connections_accepted", "Client connections accepted", ["listener"],
+            registry=r)
+        self.upstream_connect_failures = Counter(
+            "kproxy_upstream_connect_failures", "Failed connects to a backend broker",
+            ["listener"], registry=r)
+        self.upstream_disconnects = Counter(
+            "kproxy_upstream_disconnects", "Backend connections lost while a client was "
+            "connected", ["listener"], registry=r)
+        self.requests = Counter(
+            "kproxy_requests", "Requests relayed or answered, by API", ["api"], registry=r)
+        self.request_bytes = Counter(
+            "kproxy_request_bytes", "Request bytes from clients, by API", ["api"], registry=r)
+        self.response_bytes = Counter(
+            "kproxy_response_bytes", "Response bytes to clients, by API", ["api"], registry=r)
+        self.latency = Histogram(
+            "kproxy_request_latency_seconds", "Time from a request's arrival to its response "
+            "leaving the proxy", ["api"], registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                     5, 10, 30))
+        self.decode_errors = Counter(
+            "kproxy_decode_errors", "Frames the proxy could not decode, by API and side",
+            ["api", "side"], registry=r)
+        self.node_out_of_range = Counter(
+            "kproxy_node_out_of_range", "Backend nodes left out of responses because their id "
+            "is outside the configured range", registry=r)
+        self.brokers_known = Gauge(
+            "kproxy_backend_brokers", "Backend brokers currently known", registry=r)
+        self.broker_listeners = Gauge(
+            "kproxy_broker_listeners", "Per-broker listeners open", registry=r)
+        self.internal_errors = Counter(
+            "kproxy_internal_errors", "Sessions closed by an unexpected error in the proxy",
+            registry=r)
+        self.limits_hit = Counter(
+            "kproxy_limit_hits", "Requests or connections refused by a configured limit",
+            ["limit"], registry=r)

@@ -1,0 +1,38 @@
+"""``kproxy run``: the proxy itself."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+
+from kproxy import config as config_mod
+from kproxy import logs
+from kproxy.server import Proxy
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run", help="run the proxy",
+        description="Run the Kafka proxy. Every option can also be set in the TOML file "
+        "given by --config (same name, with underscores) or in a KPROXY_* environment "
+        "variable; flags win over the environment, which wins over the file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_mod.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_mod.load(args)
+    except config_mod.ConfigError as exc:
+        print(f"kproxy run: error: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(cfg.log_format, cfg.log_level)
+    try:
+        trio.run(Proxy(cfg).run)
+    except OSError as exc:  # typically a port already in use
+        print(f"kproxy run: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

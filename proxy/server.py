@@ -1,0 +1,318 @@
+"""The proxy process: listeners, sessions, discovery, HTTP endpoint, signals, drain.
+
+``ProxyContext`` is what sessions share: configuration, metrics, the backend view
+and the hooks that decode and rewrite. ``Proxy.run`` wires it to sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.messages import decode_request, decode_response, encode_response
+from kproxy.codecs.peek import RequestPeek
+from kproxy.config import Config
+from kproxy.discovery import discover
+from kproxy.http_server import HttpResponse, HttpServer
+from kproxy.inflight import Slot
+from kproxy.local_answers import api_versions_too_new
+from kproxy.logs import RateLimitedLog
+from kproxy.metrics import ProxyMetrics
+from kproxy.policies.api_versions import cap_api_versions, default_caps
+from kproxy.policies.rewrite import Seen, rewrite_response_frame
+from kproxy.policies.topology import BackendView
+from kproxy.session import LocalHandler, Session
+from kproxy.upstream import BootstrapRotation, UpstreamUnavailable, connect
+
+log = logging.getLogger("kproxy")
+
+
+class ProxyContext:
+    def __init__(self, config: Config, metrics: ProxyMetrics) -> None:
+        self.config = config
+        self.port_map = config.port_map
+        self.metrics = metrics
+        self.view = BackendView()
+        self.rotation = BootstrapRotation(config.upstream)
+        self.local_handlers: dict[int, LocalHandler] = {}
+        # APIs the proxy serves itself, advertised in ApiVersions: key -> (min, max).
+        self.served_apis: dict[int, tuple[int, int]] = {}
+        self.api_caps = default_caps()
+        self.sessions: set[Session] = set()
+        self.ratelog = RateLimitedLog()
+        self.on_view_change: list[Callable[[], Any]] = []
+        self.last_discovery: float | None = None
+
+    # ------------------------------------------------------------------ upstream
+
+    async def connect_upstream(self, session: Session) -> trio.abc.Stream | None:
+        timeout = self.config.connect_timeout
+        try:
+            if session.node_id is None:
+                stream, _ = await self.rotation.connect(timeout)
+                return stream
+            addr = self.view.address_of(session.node_id)
+            if addr is None:
+                raise UpstreamUnavailable([(("?", 0), f"node {session.node_id} is not a "
+                                            "known broker")])
+            try:
+                return await connect(addr.host, addr.port, timeout)
+            except trio.TooSlowError:
+                raise UpstreamUnavailable([((addr.host, addr.port),
+                                            f"no answer within {timeout:g}s")]) from None
+            except OSError as exc:
+                raise UpstreamUnavailable([((addr.host, addr.port),
+                                            exc.strerror or str(exc))]) from None
+        except UpstreamUnavailable as exc:
+            self.metrics.upstream_connect_failures.labels(session.listener).inc()
+            self.ratelog(logging.WARNING, f"connect:{session.listener}",
+                         "cannot reach the backend; closing the client connection",
+                         listener=session.listener, tried=str(exc))
+            return None
+
+    def upstream_lost(self, session: Session, reason: str) -> None:
+        self.metrics.upstream_disconnects.labels(session.listener).inc()
+        self.ratelog(logging.WARNING, f"lost:{session.listener}",
+                     "backend connection lost; closing the client connection",
+                     listener=session.listener, reason=reason)
+
+    def decode_error(self, side: str, what: str, exc: CodecError, session: Session) -> None:
+        self.metrics.decode_errors.labels(what, side).inc()
+        self.ratelog(logging.WARNING, f"decode:{side}:{what}",
+                     f"undecodable {side}; closing the connection", error=str(exc),
+                     **session._fields())
+
+    # ------------------------------------------------------------------ requests
+
+    def answer_locally(self, session: Session, peek: RequestPeek, frame: bytes) -> bytes | None:
+        if peek.api_key == api_keys.API_VERSIONS:
+            too_new = api_versions_too_new(peek)
+            if too_new is not None:
+                return too_new
+            if peek.api_version >= 3:
+                try:
+                    body = decode_request(frame).body
+                    session.info.software_name = body.get("client_software_name")
+                    session.info.software_version = body.get("client_software_version")
+                except CodecError as exc:  # the broker will answer it with an error
+                    log.debug("unreadable ApiVersions request: %s", exc)
+        handler = self.local_handlers.get(peek.api_key)
+        return handler(session, peek, frame) if handler else None
+
+    # ------------------------------------------------------------------ responses
+
+    async def rewrite_response(self, session: Session, slot: Slot, frame: bytes) -> bytes:
+        if slot.api_key == api_keys.API_VERSIONS:
+            return self._rewrite_api_versions(slot, frame)
+        result = rewrite_response_frame(slot.api_key, slot.api_version, frame, self.port_map)
+        await self.observe(result.seen)
+        return result.frame if result.frame is not None else frame
+
+    def _rewrite_api_versions(self, slot: Slot, frame: bytes) -> bytes:
+        try:
+            resp = decode_response(frame, slot.api_key, slot.api_version)
+        except CodecError:
+            # A broker that does not know the requested version answers at v0 with
+            # an error; relay that unchanged so the client retries lower.
+            if decode_response(frame, slot.api_key, 0).body["error_code"] != 0:
+                return frame
+            raise
+        cap_api_versions(resp.body, self.api_caps, add=self.served_apis)
+        return encode_response(resp)
+
+    async def observe(self, seen: Seen) -> None:
+        if seen.out_of_range:
+            self.metrics.node_out_of_range.inc(len(seen.out_of_range))
+            first, last = self.config.node_id_range
+            self.ratelog(logging.WARNING, "out-of-range",
+                         "backend nodes outside --node-id-range left out of responses",
+                         nodes=sorted(seen.out_of_range), node_id_range=f"{first}-{last}")
+        if not seen.nodes and not seen.complete:
+            return
+        change = self.view.observe(seen.nodes, seen.cluster_id, seen.complete)
+        if change is not None:
+            log.info("backend changed: %s", change.describe(),
+                     extra={"fields": {"epoch": change.epoch}})
+        self.metrics.brokers_known.set(len(self.view.nodes))
+        for callback in self.on_view_change:
+            await callback()
+
+
+class Proxy:
+    """Owns the sockets. ``run`` returns after a drain (SIGTERM/SIGINT or ``shutdown``)."""
+
+    def __init__(self, config: Config, metrics: ProxyMetrics | None = None) -> None:
+        self.config = config
+        self.ctx = ProxyContext(config, metrics or ProxyMetrics())
+        self.ctx.on_view_change.append(self._sync_broker_listeners)
+        self.bootstrap_port: int | None = None
+        self.http_port: int | None = None
+        self._broker_scopes: dict[int, trio.CancelScope] = {}
+        self._stop = trio.Event()
+        self._sessions_nursery: trio.Nursery | None = None
+        self._services: trio.Nursery | None = None
+        self._bootstrap_scope = trio.CancelScope()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+
+    async def run(self, *, handle_signals: bool = True,
+                  task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        async with trio.open_nursery() as services:
+            self._services = services
+            async with trio.open_nursery() as sessions:
+                self._sessions_nursery = sessions
+                host, port = cfg.listen
+                bootstrap = await trio.open_tcp_listeners(port, host=host)
+                self.bootstrap_port = bootstrap[0].socket.getsockname()[1]
+                services.start_soon(self._serve, bootstrap, "bootstrap", None,
+                                    self._bootstrap_scope)
+                http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
+                self.http_port = http[0].socket.getsockname()[1]
+                services.start_soon(trio.serve_listeners, HttpServer(self._routes()).handle,
+                                    http)
+                await self._discover_once()
+                services.start_soon(self._discovery_loop)
+                if handle_signals:
+                    services.start_soon(self._signals)
+                log.info("kproxy listening", extra={"fields": {
+                    "bootstrap": f"{host}:{self.bootstrap_port}",
+                    "advertised_host": cfg.advertised_host,
+                    "broker_ports": f"{cfg.broker_port_base}+(node_id-{cfg.node_id_range[0]})",
+                    "http": f"{cfg.http[0]}:{self.http_port}",
+                    "upstream": ",".join(f"{h}:{p}" for h, p in cfg.upstream)}})
+                task_status.started(self)
+                await self._stop.wait()
+                await self._drain()
+                sessions.cancel_scope.cancel()
+            services.cancel_scope.cancel()
+        log.info("kproxy stopped")
+
+    async def _drain(self) -> None:
+        log.info("draining: no new connections; waiting for in-flight requests",
+                 extra={"fields": {"sessions": len(self.ctx.sessions),
+                                   "timeout_s": self.config.drain_timeout}})
+        self._bootstrap_scope.cancel()
+        for scope in self._broker_scopes.values():
+            scope.cancel()
+        for s in list(self.ctx.sessions):
+            s.stop_reading()
+        with trio.move_on_after(self.config.drain_timeout) as timeout:
+            for s in list(self.ctx.sessions):
+                await s.done.wait()
+        if timeout.cancelled_caught:
+            log.warning("drain timeout: closing connections with requests still in flight",
+                        extra={"fields": {"sessions": len(self.ctx.sessions)}})
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s", signal.Signals(signum).name)
+                self.shutdown()
+                return
+
+    # ------------------------------------------------------------------ listeners
+
+    async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
+                     scope: trio.CancelScope) -> None:
+        async def handle(stream: trio.SocketStream) -> None:
+            session = Session(self.ctx, stream, name, node_id)
+            self.ctx.sessions.add(session)
+            try:
+                await session.run()
+            finally:
+                self.ctx.sessions.discard(session)
+
+        with scope:
+            try:
+                await trio.serve_listeners(handle, listeners,
+                                           handler_nursery=self._sessions_nursery)
+            finally:
+                for listener in listeners:
+                    await trio.aclose_forcefully(listener)
+
+    async def _sync_broker_listeners(self) -> None:
+        """One listener per known in-range broker; closed when the broker leaves."""
+        pm = self.ctx.port_map
+        wanted = {n for n in self.ctx.view.nodes if pm.in_range(n)}
+        for node_id in sorted(set(self._broker_scopes) - wanted):
+            self._broker_scopes.pop(node_id).cancel()
+            log.info("closed listener for departed broker", extra={"fields": {"node": node_id}})
+        if self._stop.is_set():
+            return
+        for node_id in sorted(wanted - set(self._broker_scopes)):
+            port = pm.bind_port(node_id)
+            assert port is not None
+            try:
+                listeners = await trio.open_tcp_listeners(port, host=self.config.broker_bind_host)
+            except OSError as exc:
+                self.ctx.ratelog(logging.ERROR, f"bind:{node_id}", "cannot open broker listener",
+                                 node=node_id, port=port, error=exc.strerror or str(exc))
+                continue
+            scope = trio.CancelScope()
+            self._broker_scopes[node_id] = scope
+            assert self._services is not None
+            self._services.start_soon(self._serve, listeners, f"broker-{node_id}", node_id,
+                                      scope)
+            log.info("opened listener for broker", extra={"fields": {
+                "node": node_id, "bind": f"{self.config.broker_bind_host}:{port}",
+                "advertised": f"{pm.advertised_host}:{pm.advertised_port(node_id)}"}})
+        self.ctx.metrics.broker_listeners.set(len(self._broker_scopes))
+
+    # ------------------------------------------------------------------ discovery
+
+    async def _discover_once(self) -> bool:
+        try:
+            seen = await discover(self.ctx.rotation, self.config.connect_timeout,
+                                  self.config.max_frame_bytes)
+        except (UpstreamUnavailable, OSError, trio.TooSlowError, CodecError,
+                ConnectionError) as exc:
+            self.ctx.ratelog(logging.WARNING, "discovery", "backend discovery failed",
+                             error=str(exc) or type(exc).__name__)
+            return False
+        self.ctx.last_discovery = time.monotonic()
+        await self.ctx.observe(seen)
+        return True
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.discovery_interval)
+            await self._discover_once()
+
+    # ------------------------------------------------------------------ http
+
+    def ready(self) -> tuple[bool, str]:
+        last = self.ctx.last_discovery
+        if self._stop.is_set():
+            return False, "draining"
+        if last is None:
+            return False, "backend not reached yet"
+        stale_after = max(3 * self.config.discovery_interval, 30.0)
+        if time.monotonic() - last > stale_after:
+            return False, f"backend not reached for {time.monotonic() - last:.0f}s"
+        return True, f"{len(self.ctx.view.nodes)} broker(s) known"
+
+    def _routes(self) -> dict[str, Any]:
+        async def healthz(method: str, body: bytes) -> HttpResponse:
+            return HttpResponse(200, b"ok\n")
+
+        async def readyz(method: str, body: bytes) -> HttpResponse:
+            ok, why = self.ready()
+            return HttpResponse(200 if ok else 503, f"{'ready' if ok else 'not ready'}: "
+                                f"{why}\n".encode())
+
+        async def metrics(method: str, body: bytes) -> HttpResponse:
+            return HttpResponse(200, generate_latest(self.ctx.metrics.registry),
+                                CONTENT_TYPE_LATEST)
+
+        return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}

@@ -1,0 +1,257 @@
+"""One client connection and its one upstream connection.
+
+Two tasks per session: requests flow client -> upstream, responses upstream ->
+client. Frames the proxy does not decode pass through as bytes; responses that
+carry broker addresses are rewritten before they leave. Every response leaves in
+request order through ``OrderedResponses``, including ones the proxy answers
+itself (``LocalHandler``s, e.g. telemetry). Writes are shielded from cancellation
+so a frame is never cut in half, and bounded by a timeout so a stuck peer cannot
+hold a session forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.peek import RequestPeek, peek_correlation_id, peek_request
+from kproxy.inflight import OrderedResponses, Slot
+from kproxy.policies.rewrite import carries_addresses
+
+if TYPE_CHECKING:
+    from kproxy.server import ProxyContext
+
+log = logging.getLogger("kproxy.session")
+_SIZE = struct.Struct(">i")
+RECV_BYTES = 256 * 1024
+
+# A handler returns the response frame body to send (header included, no size
+# prefix), or None to let the request go upstream.
+LocalHandler = Callable[["Session", RequestPeek, bytes], bytes | None]
+
+
+class SessionClosed(Exception):
+    """Ends a session; the message says why, for the log."""
+
+
+@dataclass
+class ClientInfo:
+    """What the proxy knows of the client on this connection."""
+
+    source_address: str
+    source_port: int
+    client_id: str | None = None
+    software_name: str | None = None
+    software_version: str | None = None
+
+
+class Session:
+    def __init__(self, ctx: ProxyContext, client: trio.SocketStream, listener: str,
+                 node_id: int | None) -> None:
+        self.ctx = ctx
+        self.client = client
+        self.listener = listener
+        self.node_id = node_id
+        self.upstream: trio.abc.Stream | None = None
+        self.ordered = OrderedResponses()
+        self.info = ClientInfo(*_peer(client))
+        self.topology_epoch = ctx.view.epoch
+        self._write_lock = trio.Lock()
+        self._room = trio.Event()
+        self._draining = False
+        self._recv_scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self.done = trio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        m = self.ctx.metrics
+        m.connections_total.labels(self.listener).inc()
+        m.connections_active.labels(self.listener).inc()
+        try:
+            self.upstream = await self.ctx.connect_upstream(self)
+            if self.upstream is not None:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._guard, self._requests)
+                    nursery.start_soon(self._guard, self._responses)
+        finally:
+            m.connections_active.labels(self.listener).dec()
+            with trio.CancelScope(shield=True):
+                for stream in (self.client, self.upstream):
+                    if stream is not None:
+                        await trio.aclose_forcefully(stream)
+            self.done.set()
+
+    async def _guard(self, direction: Callable[[], Awaitable[None]]) -> None:
+        """Run one direction; whatever ends it ends the whole session, never the proxy."""
+        try:
+            await direction()
+        except SessionClosed as exc:
+            log.debug("session closed: %s", exc, extra={"fields": self._fields()})
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.debug("session ended: %r", exc, extra={"fields": self._fields()})
+        except Exception:
+            self.ctx.metrics.internal_errors.inc()
+            log.exception("internal error in a session; closing it",
+                          extra={"fields": self._fields()})
+        finally:
+            self.close()
+
+    def stop_reading(self) -> None:
+        """Drain: take no new requests; the session ends once in-flight ones are answered."""
+        self._draining = True
+        self._recv_scope.cancel()
+
+    def close(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _fields(self) -> dict[str, object]:
+        return {"listener": self.listener, "client": f"{self.info.source_address}:"
+                f"{self.info.source_port}", "client_id": self.info.client_id}
+
+    # ------------------------------------------------------------------ requests
+
+    async def _requests(self) -> None:
+        reader = FrameReader(self.ctx.config.max_frame_bytes)
+        while not self._draining:
+            # Only the wait for bytes is cancellable by a drain: a request already
+            # taken is always sent upstream and answered.
+            self._recv_scope = trio.CancelScope()
+            with self._recv_scope:
+                data = await self.client.receive_some(RECV_BYTES)
+            if self._recv_scope.cancelled_caught:
+                break
+            if not data:
+                raise SessionClosed("client closed the connection")
+            reader.feed(data)
+            await self._handle_requests(reader)
+        # Draining: wait until every request already taken has been answered.
+        while len(self.ordered):
+            self._room = trio.Event()
+            await self._room.wait()
+        self.close()
+
+    async def _handle_requests(self, reader: FrameReader) -> None:
+        out: list[bytes] = []
+        answered_locally = False
+        try:
+            frames = reader.frames()
+        except CodecError as exc:
+            self.ctx.decode_error("request", "frame", exc, self)
+            raise SessionClosed(str(exc)) from None
+        for frame in frames:
+            try:
+                peek = peek_request(frame)
+            except CodecError as exc:
+                self.ctx.decode_error("request", "header", exc, self)
+                raise SessionClosed(str(exc)) from None
+            name = api_keys.api_name(peek.api_key)
+            self.ctx.metrics.requests.labels(name).inc()
+            self.ctx.metrics.request_bytes.labels(name).inc(len(frame) + 4)
+            if peek.client_id is not None:
+                self.info.client_id = peek.client_id
+            local = self.ctx.answer_locally(self, peek, frame)
+            now = time.monotonic()
+            if local is not None:
+                self.ordered.answer_locally(peek.correlation_id, peek.api_key, peek.api_version,
+                                            now, local)
+                answered_locally = True
+                continue
+            if peek.expects_response:
+                self.ordered.expect_upstream(peek.correlation_id, peek.api_key,
+                                             peek.api_version, now)
+            out.append(_SIZE.pack(len(frame)))
+            out.append(frame)
+            if len(self.ordered) >= self.ctx.config.max_inflight:
+                # Backpressure: send what we have, then stop reading this client
+                # until responses drain.
+                await self._send(self._upstream(), b"".join(out))
+                out.clear()
+                await self._wait_for_room()
+        if out:
+            await self._send(self._upstream(), b"".join(out))
+        if answered_locally:
+            await self._flush()
+
+    async def _wait_for_room(self) -> None:
+        self.ctx.metrics.limits_hit.labels("max_inflight").inc()
+        while len(self.ordered) >= self.ctx.config.max_inflight:
+            self._room = trio.Event()
+            await self._room.wait()
+
+    def _upstream(self) -> trio.abc.Stream:
+        assert self.upstream is not None
+        return self.upstream
+
+    # ------------------------------------------------------------------ responses
+
+    async def _responses(self) -> None:
+        upstream = self._upstream()
+        reader = FrameReader(self.ctx.config.max_frame_bytes)
+        while True:
+            data = await upstream.receive_some(RECV_BYTES)
+            if not data:
+                self.ctx.upstream_lost(self, "broker closed the connection")
+                raise SessionClosed("upstream closed the connection")
+            reader.feed(data)
+            try:
+                frames = reader.frames()
+                for frame in frames:
+                    slot = self.ordered.next_upstream(peek_correlation_id(frame))
+                    slot.frame = await self._process_response(slot, frame)
+            except CodecError as exc:
+                self.ctx.decode_error("response", "frame", exc, self)
+                raise SessionClosed(str(exc)) from None
+            await self._flush()
+
+    async def _process_response(self, slot: Slot, frame: bytes) -> bytes:
+        if slot.api_key == api_keys.API_VERSIONS or carries_addresses(slot.api_key,
+                                                                      slot.api_version):
+            return await self.ctx.rewrite_response(self, slot, frame)
+        return frame
+
+    async def _flush(self) -> None:
+        async with self._write_lock:
+            ready = self.ordered.pop_ready()
+            if not ready:
+                return
+            now = time.monotonic()
+            parts: list[bytes] = []
+            m = self.ctx.metrics
+            for slot in ready:
+                assert slot.frame is not None
+                parts.append(_SIZE.pack(len(slot.frame)))
+                parts.append(slot.frame)
+                name = api_keys.api_name(slot.api_key)
+                m.latency.labels(name).observe(now - slot.started)
+                m.response_bytes.labels(name).inc(len(slot.frame) + 4)
+            await self._send(self.client, b"".join(parts))
+            self._room.set()
+
+    async def _send(self, stream: trio.abc.Stream, data: bytes) -> None:
+        """Write all of ``data`` or end the session; cancellation never splits a frame."""
+        with trio.CancelScope(shield=True), trio.move_on_after(
+                self.ctx.config.write_timeout) as timeout:
+            await stream.send_all(data)
+        if timeout.cancelled_caught:
+            raise SessionClosed("write timed out")
+
+
+def _peer(stream: trio.SocketStream) -> tuple[str, int]:
+    try:
+        addr = stream.socket.getpeername()
+        return str(addr[0]), int(addr[1])
+    except (OSError, AttributeError, IndexError):
+        return "unknown", 0
