@@ -27,12 +27,22 @@ class Slot:
     context: dict[str, object] = field(default_factory=dict)
 
 
+# acks=0 Produce requests whose (unexpected) answer we would still recognise.
+ACKS0_REMEMBERED = 1024
+
+
 class OrderedResponses:
-    __slots__ = ("_awaiting_upstream", "_slots")
+    __slots__ = ("_acks0", "_acks0_order", "_awaiting_upstream", "_slots", "stray_discarded")
 
     def __init__(self) -> None:
         self._slots: deque[Slot] = deque()
         self._awaiting_upstream: deque[Slot] = deque()
+        # A real broker never answers acks=0; some Kafka-compatible ones do. Such an
+        # answer must not reach the client, which is not waiting for it. The last
+        # few ids are remembered (bounded: a pure acks=0 producer gets no answers).
+        self._acks0: set[int] = set()
+        self._acks0_order: deque[int] = deque()
+        self.stray_discarded = 0
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -44,14 +54,30 @@ class OrderedResponses:
         self._awaiting_upstream.append(slot)
         return slot
 
+    def expect_nothing(self, correlation_id: int) -> None:
+        """An acks=0 request went upstream: no answer is owed to the client."""
+        if len(self._acks0_order) >= ACKS0_REMEMBERED:
+            self._acks0.discard(self._acks0_order.popleft())
+        self._acks0.add(correlation_id)
+        self._acks0_order.append(correlation_id)
+
     def answer_locally(self, correlation_id: int, api_key: int, api_version: int, now: float,
                        frame: bytes) -> Slot:
         slot = Slot(correlation_id, api_key, api_version, now, upstream=False, frame=frame)
         self._slots.append(slot)
         return slot
 
-    def next_upstream(self, correlation_id: int) -> Slot:
-        """The slot an upstream response fills; brokers answer in order, so it is the oldest."""
+    def next_upstream(self, correlation_id: int) -> Slot | None:
+        """The slot an upstream response fills; brokers answer in order, so it is the oldest.
+
+        None means the response answers an acks=0 request and is to be dropped.
+        """
+        head = self._awaiting_upstream[0] if self._awaiting_upstream else None
+        if (head is None or head.correlation_id != correlation_id) and (
+                correlation_id in self._acks0):
+            self._acks0.discard(correlation_id)
+            self.stray_discarded += 1
+            return None
         if not self._awaiting_upstream:
             raise CodecError(f"response with correlation id {correlation_id} but no request "
                              "is waiting for one", what="ResponseHeader.correlation_id")

@@ -45,6 +45,9 @@ class ProxyMetrics:
         self.internal_errors = Counter(
             "kproxy_internal_errors", "Sessions closed by an unexpected error in the proxy",
             registry=r)
+        self.stray_responses = Counter(
+            "kproxy_stray_responses", "Broker answers to acks=0 requests, dropped because "
+            "the client expects none", registry=r)
         self.limits_hit = Counter(
             "kproxy_limit_hits", "Requests or connections refused by a configured limit",
             ["limit"], registry=r)

@@ -172,6 +172,8 @@ class Session:
             if peek.expects_response:
                 self.ordered.expect_upstream(peek.correlation_id, peek.api_key,
                                              peek.api_version, now)
+            else:
+                self.ordered.expect_nothing(peek.correlation_id)
             out.append(_SIZE.pack(len(frame)))
             out.append(frame)
             if len(self.ordered) >= self.ctx.config.max_inflight:
@@ -210,6 +212,9 @@ class Session:
                 frames = reader.frames()
                 for frame in frames:
                     slot = self.ordered.next_upstream(peek_correlation_id(frame))
+                    if slot is None:
+                        self.ctx.metrics.stray_responses.inc()
+                        continue
                     slot.frame = await self._process_response(slot, frame)
             except CodecError as exc:
                 self.ctx.decode_error("response", "frame", exc, self)

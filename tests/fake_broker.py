@@ -1,0 +1,89 @@
+"""FAKE BROKER — a scripted stand-in, used only where a real one cannot show the case.
+
+tansu is always a single node (id 111), so the multi-node metadata shapes, node ids
+outside the proxy's range, brokers that come and go, and brokers that misbehave
+(never answer, hang up mid-response) are produced by this script instead. It
+answers ApiVersions, Metadata and FindCoordinator with our own codec, one
+listening port per fake node, and records which port each connection reached.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import trio
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.messages import encode_response_parts
+from kproxy.codecs.peek import peek_request
+
+
+@dataclass
+class FakeBroker:
+    node_ids: list[int]
+    cluster_id: str = "fake-cluster"
+    coordinator: int | None = None
+    mode: str = "normal"  # "normal" | "silent" | "cut-mid-response"
+    ports: dict[int, int] = field(default_factory=dict)  # node id -> listening port
+    hidden: set[int] = field(default_factory=set)  # nodes left out of Metadata
+    connections: dict[int, int] = field(default_factory=dict)  # node id -> connections
+    requests: list[tuple[int, int, int]] = field(default_factory=list)
+
+    async def start(self, nursery: trio.Nursery) -> FakeBroker:
+        for node in self.node_ids:
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            self.ports[node] = listeners[0].socket.getsockname()[1]
+            nursery.start_soon(trio.serve_listeners, self._handler(node), listeners)
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.ports[self.node_ids[0]]}"
+
+    def _handler(self, node: int):  # type: ignore[no-untyped-def]
+        async def handle(stream: trio.SocketStream) -> None:
+            self.connections[node] = self.connections.get(node, 0) + 1
+            reader = FrameReader()
+            try:
+                while data := await stream.receive_some(65536):
+                    reader.feed(data)
+                    for frame in reader.frames():
+                        reply = self.answer(frame)
+                        if self.mode == "silent":
+                            continue
+                        if self.mode == "cut-mid-response":
+                            await stream.send_all(reply[: len(reply) // 2])
+                            await stream.aclose()
+                            return
+                        await stream.send_all(reply)
+            except trio.BrokenResourceError:
+                pass
+
+        return handle
+
+    def answer(self, frame: bytes) -> bytes:
+        peek = peek_request(frame)
+        self.requests.append((peek.api_key, peek.api_version, peek.correlation_id))
+        key, version = peek.api_key, peek.api_version
+        if key == api_keys.API_VERSIONS:
+            version = min(version, 3)
+            body = {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
+                {"api_key": k, "min_version": 0, "max_version": v}
+                for k, v in ((0, 11), (1, 17), (3, 12), (10, 6), (18, 3), (60, 1))]}
+        elif key == api_keys.METADATA:
+            body = {"throttle_time_ms": 0, "cluster_id": self.cluster_id,
+                    "controller_id": self.node_ids[0], "topics": [],
+                    "brokers": [{"node_id": n, "host": "127.0.0.1", "port": p, "rack": None}
+                                for n, p in self.ports.items() if n not in self.hidden]}
+        elif key == api_keys.FIND_COORDINATOR:
+            node = self.coordinator if self.coordinator is not None else self.node_ids[0]
+            one = {"node_id": node, "host": "127.0.0.1", "port": self.ports[node],
+                   "error_code": 0, "error_message": None}
+            body = ({"throttle_time_ms": 0, "coordinators": [{"key": "g", **one}]}
+                    if version >= 4 else {"throttle_time_ms": 0, **one})
+        else:
+            raise AssertionError(f"fake broker got unexpected API {key}")
+        data = encode_response_parts(key, version, peek.correlation_id, body)
+        return struct.pack(">i", len(data)) + data

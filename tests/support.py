@@ -1,0 +1,147 @@
+"""Helpers for tests that run the real proxy: as a subprocess, or in-process under trio."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from kproxy import config as config_mod
+from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.headers import RequestHeader, write_request_header
+from kproxy.codecs.interpreter import encode_into
+from kproxy.codecs.messages import Response, decode_response
+from kproxy.codecs.primitives import Writer
+from kproxy.codecs.registry import spec_for
+from kproxy.embedded_broker import free_port, wait_for_port
+
+
+def make_config(upstream: str, **overrides: Any) -> config_mod.Config:
+    """A Config with free loopback ports, as `kproxy run` flags would build it."""
+    values: dict[str, Any] = {"upstream": upstream, "listen": "127.0.0.1:0",
+                              "http": "127.0.0.1:0",
+                              "broker_port_base": str(free_port()),
+                              "node_id_range": "111-111", "discovery_interval": "2"}
+    values.update({k: str(v) for k, v in overrides.items()})
+    ns = argparse.Namespace(config=None, **{o.name: None for o in config_mod.OPTIONS})
+    for key, value in values.items():
+        setattr(ns, key, value)
+    return config_mod.load(ns, env={})
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int,
+                   body: dict[str, Any], client_id: str = "kproxy-test") -> bytes:
+    w = Writer()
+    write_request_header(w, RequestHeader(api_key, api_version, correlation_id, client_id))
+    spec = spec_for(api_key, api_version, response=False)
+    assert spec is not None
+    encode_into(spec, api_version, body, w)
+    data = w.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+class RawClient:
+    """A Kafka client that speaks frames directly (trio), for protocol-level tests."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.reader = FrameReader()
+
+    @classmethod
+    async def connect(cls, port: int, host: str = "127.0.0.1") -> RawClient:
+        return cls(await trio.open_tcp_stream(host, port))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def read_frame(self, timeout: float = 10) -> bytes | None:
+        """The next response frame body, or None when the proxy closed the connection."""
+        with trio.fail_after(timeout):
+            while (frame := self.reader.next_frame()) is None:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    return None
+                self.reader.feed(data)
+            return frame
+
+    async def request(self, api_key: int, api_version: int, correlation_id: int,
+                      body: dict[str, Any]) -> Response:
+        await self.send(encode_request(api_key, api_version, correlation_id, body))
+        frame = await self.read_frame()
+        assert frame is not None, "connection closed"
+        return decode_response(frame, api_key, api_version)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+@dataclass
+class KproxyProcess:
+    """`kproxy run` as a subprocess, the way an operator runs it."""
+
+    process: subprocess.Popen[bytes]
+    bootstrap_port: int
+    http_port: int
+    broker_port_base: int
+    log_path: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.bootstrap_port}"
+
+    def http_get(self, path: str, timeout: float = 5) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}",
+                                        timeout=timeout) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+
+@contextmanager
+def kproxy_process(upstream: str, tmp_path: Path, *extra: str,
+                   node_id_range: str = "111-111", env: dict[str, str] | None = None,
+                   ) -> Iterator[KproxyProcess]:
+    bootstrap, http, base = free_port(), free_port(), free_port()
+    log_path = tmp_path / f"kproxy-{bootstrap}.log"
+    cmd = [sys.executable, "-m", "kproxy.cli", "run", "--upstream", upstream,
+           "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
+           "--broker-port-base", str(base), "--node-id-range", node_id_range,
+           "--discovery-interval", "2", *extra]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+    kp = KproxyProcess(proc, bootstrap, http, base, log_path)
+    try:
+        if not wait_for_port("127.0.0.1", bootstrap, 15):
+            raise RuntimeError(f"kproxy did not start:\n{kp.log()}")
+        deadline = time.monotonic() + 15
+        while kp.http_get("/readyz")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        yield kp
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
