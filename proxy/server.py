@@ -275,10 +275,14 @@ class Proxy:
         try:
             seen = await discover(self.ctx.rotation, self.config.connect_timeout,
                                   self.config.max_frame_bytes)
-        except (UpstreamUnavailable, OSError, trio.TooSlowError, CodecError,
-                ConnectionError) as exc:
+        except (UpstreamUnavailable, OSError, trio.TooSlowError, trio.BrokenResourceError,
+                trio.ClosedResourceError, CodecError, ConnectionError) as exc:
             self.ctx.ratelog(logging.WARNING, "discovery", "backend discovery failed",
                              error=str(exc) or type(exc).__name__)
+            return False
+        except Exception:  # a bug here must not take the proxy down; retried next interval
+            self.ctx.metrics.internal_errors.inc()
+            log.exception("backend discovery failed unexpectedly")
             return False
         self.ctx.last_discovery = time.monotonic()
         await self.ctx.observe(seen)

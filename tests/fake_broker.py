@@ -26,6 +26,7 @@ class FakeBroker:
     cluster_id: str = "fake-cluster"
     coordinator: int | None = None
     mode: str = "normal"  # "normal" | "silent" | "cut-mid-response"
+    delay: float = 0.0  # seconds before each answer
     ports: dict[int, int] = field(default_factory=dict)  # node id -> listening port
     hidden: set[int] = field(default_factory=set)  # nodes left out of Metadata
     connections: dict[int, int] = field(default_factory=dict)  # node id -> connections
@@ -57,6 +58,8 @@ class FakeBroker:
                             await stream.send_all(reply[: len(reply) // 2])
                             await stream.aclose()
                             return
+                        if self.delay:
+                            await trio.sleep(self.delay)
                         await stream.send_all(reply)
             except trio.BrokenResourceError:
                 pass

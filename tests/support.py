@@ -145,3 +145,28 @@ def kproxy_process(upstream: str, tmp_path: Path, *extra: str,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def direct_connections(pid: int, port: int) -> int:
+    """TCP connections that process ``pid`` holds to ``port`` on loopback (from /proc)."""
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            remote_port = int(cols[2].rsplit(":", 1)[1], 16)
+            if remote_port == port and cols[9] in inodes:
+                count += 1
+    return count
