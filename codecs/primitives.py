@@ -84,36 +84,26 @@ class Reader:
 
     def uvarint(self) -> int:
         """Unsigned LEB128, at most 5 bytes (32 bits) as Kafka's ByteUtils reads it."""
-        start = self.pos
-        result = 0
-        shift = 0
-        while True:
-            if self.pos >= self.end:
-                raise CodecError("truncated varint", offset=start)
-            byte = self.buf[self.pos]
-            self.pos += 1
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-            if shift > 28:
-                raise CodecError("varint longer than 5 bytes", offset=start)
+        return self._leb128(28, "varint")
 
     def uvarlong(self) -> int:
+        return self._leb128(63, "varlong")
+
+    def _leb128(self, max_shift: int, what: str) -> int:
         start = self.pos
         result = 0
         shift = 0
         while True:
             if self.pos >= self.end:
-                raise CodecError("truncated varlong", offset=start)
+                raise CodecError(f"truncated {what}", offset=start)
             byte = self.buf[self.pos]
             self.pos += 1
             result |= (byte & 0x7F) << shift
             if not byte & 0x80:
                 return result
             shift += 7
-            if shift > 63:
-                raise CodecError("varlong longer than 10 bytes", offset=start)
+            if shift > max_shift:
+                raise CodecError(f"{what} longer than {max_shift // 7 + 1} bytes", offset=start)
 
     def varint(self) -> int:
         """Zig-zag signed varint (record fields)."""

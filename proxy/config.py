@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -178,6 +179,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = f" (default: {opt.default})" if opt.default is not None else ""
         parser.add_argument(opt.flag, dest=opt.name, metavar=opt.metavar or None,
                             default=None, help=f"{opt.help}{default} [env: {opt.env}]")
+
+
+def load_or_explain(args: argparse.Namespace, prog: str) -> Config | None:
+    """Load, or print the one-line error for the command line and return None."""
+    try:
+        return load(args)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return None
 
 
 def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None,

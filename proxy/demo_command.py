@@ -33,10 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     broker = TansuBroker(port=args.broker_port)
     args.upstream = broker.bootstrap
-    try:
-        cfg = config_mod.load(args)
-    except config_mod.ConfigError as exc:
-        print(f"kproxy demo: error: {exc}", file=sys.stderr)
+    cfg = config_mod.load_or_explain(args, "kproxy demo")
+    if cfg is None:
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
     try:

@@ -24,10 +24,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = config_mod.load(args)
-    except config_mod.ConfigError as exc:
-        print(f"kproxy run: error: {exc}", file=sys.stderr)
+    cfg = config_mod.load_or_explain(args, "kproxy run")
+    if cfg is None:
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
     try:
