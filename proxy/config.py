@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 import tomllib
@@ -20,6 +21,13 @@ from typing import Any
 
 from kproxy.codecs.framing import DEFAULT_MAX_FRAME_BYTES
 from kproxy.policies.addressing import PortMap
+from kproxy.policies.telemetry import (
+    ALL_METRICS,
+    COMPRESSION_NAMES,
+    PolicyError,
+    TelemetrySettings,
+    parse_subscriptions,
+)
 
 
 class ConfigError(Exception):
@@ -84,13 +92,47 @@ def parse_optional_int(text: str | int | None) -> int | None:
     return int(str(text))
 
 
+def parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(f"expected on or off, got {text!r}")
+
+
+def parse_compression_list(text: str | list[str]) -> tuple[int, ...]:
+    names = text if isinstance(text, list) else str(text).split(",")
+    out = []
+    for name in (str(n).strip().lower() for n in names if str(n).strip()):
+        if name not in COMPRESSION_NAMES or name == "none":
+            raise ValueError(f"unknown compression type {name!r} (zstd, lz4, gzip, snappy)")
+        out.append(COMPRESSION_NAMES[name])
+    if not out:
+        raise ValueError("at least one compression type is needed")
+    return tuple(out)
+
+
+def parse_prefix(text: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_:]?[a-zA-Z0-9_:]*", str(text)):
+        raise ValueError(f"not a valid Prometheus name prefix: {text!r}")
+    return str(text)
+
+
 @dataclass(frozen=True)
 class Option:
-    name: str  # file key; the flag and variable are derived from it
+    name: str  # the flag and variable are derived from it
     parse: Callable[[Any], Any]
     default: Any
     help: str
     metavar: str = ""
+    file_key: tuple[str, ...] = ()  # where it sits in the TOML file; default (name,)
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return self.file_key or (self.name,)
 
     @property
     def flag(self) -> str:
@@ -141,7 +183,47 @@ OPTIONS: tuple[Option, ...] = (
     Option("drain_timeout", parse_seconds, 30.0,
            "on SIGTERM, how long in-flight requests may take to finish", "SECONDS"),
 )
+
+def _telemetry(name: str, parse: Callable[[Any], Any], default: Any, help_: str,
+               metavar: str = "") -> Option:
+    key = name.removeprefix("telemetry_") if name != "telemetry" else "enabled"
+    return Option(name, parse, default, help_, metavar, ("telemetry", key))
+
+
+TELEMETRY_OPTIONS: tuple[Option, ...] = (
+    _telemetry("telemetry", parse_bool, True,
+               "answer KIP-714 telemetry requests in the proxy and export them on /metrics; "
+               "off forwards them to the broker untouched", "on|off"),
+    _telemetry("telemetry_default_interval_ms", parse_positive_int, 60_000,
+               "push interval of the implicit all-metrics subscription used when the config "
+               "file defines no [[telemetry.subscriptions]]", "MS"),
+    _telemetry("telemetry_max_bytes", parse_positive_int, 1024 * 1024,
+               "largest compressed push accepted (TelemetryMaxBytes)", "BYTES"),
+    _telemetry("telemetry_max_decompressed_bytes", parse_positive_int, 16 * 1024 * 1024,
+               "largest push after decompression; a larger one is rejected as INVALID_RECORD",
+               "BYTES"),
+    _telemetry("telemetry_delta_temporality", parse_bool, False,
+               "ask clients for delta sums (accumulated by the proxy) instead of cumulative",
+               "on|off"),
+    _telemetry("telemetry_compression_types", parse_compression_list, "zstd,lz4,gzip,snappy",
+               "accepted push compression, in the order clients should prefer", "LIST"),
+    _telemetry("telemetry_metric_prefix", parse_prefix, "",
+               "prefix for exported client metric names", "PREFIX"),
+    _telemetry("telemetry_max_series", parse_positive_int, 50_000,
+               "cap on exported client series; the excess is dropped and counted", "N"),
+    _telemetry("telemetry_max_instances", parse_positive_int, 100_000,
+               "client instances remembered before the least recently seen is forgotten", "N"),
+)
+OPTIONS = OPTIONS + TELEMETRY_OPTIONS
 OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    enabled: bool
+    settings: TelemetrySettings
+    metric_prefix: str
+    max_series: int
 
 
 @dataclass(frozen=True)
@@ -162,6 +244,7 @@ class Config:
     write_timeout: float
     discovery_interval: float
     drain_timeout: float
+    telemetry: TelemetryConfig
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
@@ -195,7 +278,7 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
     """Merge defaults, file, environment and flags into a validated Config."""
     env = os.environ if env is None else env
     path = path or (getattr(args, "config", None) if args else None)
-    file_values: dict[str, Any] = {}
+    file_values: dict[tuple[str, ...], Any] = {}
     extra: dict[str, Any] = {}
     if path:
         file_values, extra = _read_file(path)
@@ -206,8 +289,8 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
             raw[opt.name] = (flag_value, opt.flag)
         elif opt.env in env:
             raw[opt.name] = (env[opt.env], opt.env)
-        elif opt.name in file_values:
-            raw[opt.name] = (file_values[opt.name], f"{path}: {opt.name}")
+        elif opt.path in file_values:
+            raw[opt.name] = (file_values[opt.path], f"{path}: {'.'.join(opt.path)}")
         else:
             raw[opt.name] = (opt.default, opt.name)
     values: dict[str, Any] = {}
@@ -223,19 +306,56 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
     return _derive(values, path, extra)
 
 
-def _read_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+# Tables whose non-option content other layers read (e.g. telemetry.subscriptions).
+KNOWN_TABLE_ENTRIES = {("telemetry", "subscriptions")}
+
+
+def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     try:
         data = tomllib.loads(Path(path).read_text())
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: not valid TOML ({exc})") from None
-    flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    for key in flat:
-        if key not in OPTIONS_BY_NAME:
+    known = {o.path for o in OPTIONS}
+    values: dict[tuple[str, ...], Any] = {}
+    tables: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            tables[key] = value
+            for sub, subvalue in value.items():
+                if (key, sub) in known:
+                    values[(key, sub)] = subvalue
+                elif (key, sub) not in KNOWN_TABLE_ENTRIES:
+                    raise ConfigError(f"{path}: {key}.{sub}: unknown key")
+        elif (key,) in known:
+            values[(key,)] = value
+        else:
             raise ConfigError(f"{path}: {key}: unknown key")
-    return flat, tables
+    return values, tables
+
+
+def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
+                      path: str | None) -> TelemetryConfig:
+    entries = extra.get("telemetry", {}).get("subscriptions")
+    if entries is None:
+        entries = [{"name": "all-metrics (default)", "metrics": [ALL_METRICS],
+                    "interval_ms": v["telemetry_default_interval_ms"]}]
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: telemetry.subscriptions: must be an array of tables "
+                          "([[telemetry.subscriptions]])")
+    try:
+        subs = parse_subscriptions(entries)
+    except PolicyError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    settings = TelemetrySettings(
+        subscriptions=subs, max_bytes=v["telemetry_max_bytes"],
+        max_decompressed_bytes=v["telemetry_max_decompressed_bytes"],
+        delta_temporality=v["telemetry_delta_temporality"],
+        compression_types=v["telemetry_compression_types"],
+        max_instances=v["telemetry_max_instances"])
+    return TelemetryConfig(v["telemetry"], settings, v["telemetry_metric_prefix"],
+                           v["telemetry_max_series"])
 
 
 def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Config:
@@ -253,7 +373,7 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
         connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
         discovery_interval=v["discovery_interval"], drain_timeout=v["drain_timeout"],
-        source=path, extra=extra,
+        telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
     )
     try:
         pm = cfg.port_map

@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     broker = TansuBroker(port=args.broker_port)
     args.upstream = broker.bootstrap
+    if args.telemetry_default_interval_ms is None:  # show client metrics within seconds
+        args.telemetry_default_interval_ms = "5000"
     cfg = config_mod.load_or_explain(args, "kproxy demo")
     if cfg is None:
         return 2
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
   Ctrl-C stops both.
 """, flush=True)
     try:
-        trio.run(Proxy(cfg).run)
+        trio.run(Proxy(cfg, reload_config=lambda: config_mod.load(args)).run)
     except OSError as exc:
         print(f"kproxy demo: error: {exc}", file=sys.stderr)
         return 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h11
 import trio
@@ -19,9 +19,18 @@ class HttpResponse:
     status: int
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
 
 
-Handler = Callable[[str, bytes], Awaitable[HttpResponse]]  # (method, body) -> response
+@dataclass
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
 class HttpServer:
@@ -35,16 +44,21 @@ class HttpServer:
                 request, body = await self._read_request(conn, stream)
             path = request.target.decode("ascii", "replace").split("?", 1)[0]
             method = request.method.decode("ascii", "replace")
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                       for k, v in request.headers}
             handler = self.routes.get(path)
             if handler is None:
                 resp = HttpResponse(404, b"not found\n")
             else:
-                resp = await handler(method, body)
+                resp = await handler(HttpRequest(method, path, headers, body))
             await self._send(conn, stream, resp, head=method == "HEAD")
         except (h11.RemoteProtocolError, trio.TooSlowError) as exc:
             log.debug("bad HTTP request: %r", exc)
+            status = 408 if isinstance(exc, trio.TooSlowError) else (
+                exc.error_status_hint if isinstance(exc, h11.RemoteProtocolError) else 400)
             if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                await self._send(conn, stream, HttpResponse(400, b"bad request\n"))
+                with trio.move_on_after(2):
+                    await self._send(conn, stream, HttpResponse(status, b"bad request\n"))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
@@ -74,7 +88,8 @@ class HttpServer:
     async def _send(self, conn: h11.Connection, stream: trio.SocketStream, resp: HttpResponse,
                     head: bool = False) -> None:
         headers = [("content-type", resp.content_type),
-                   ("content-length", str(len(resp.body))), ("connection", "close")]
+                   ("content-length", str(len(resp.body))), ("connection", "close"),
+                   *resp.headers]
         data = conn.send(h11.Response(status_code=resp.status, headers=headers)) or b""
         if not head:
             data += conn.send(h11.Data(data=resp.body)) or b""

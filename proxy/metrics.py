@@ -48,6 +48,9 @@ class ProxyMetrics:
         self.stray_responses = Counter(
             "kproxy_stray_responses", "Broker answers to acks=0 requests, dropped because "
             "the client expects none", registry=r)
+        self.config_reloads = Counter(
+            "kproxy_config_reloads", "Configuration reloads, by outcome", ["outcome"],
+            registry=r)
         self.limits_hit = Counter(
             "kproxy_limit_hits", "Requests or connections refused by a configured limit",
             ["limit"], registry=r)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
     try:
-        trio.run(Proxy(cfg).run)
+        trio.run(Proxy(cfg, reload_config=lambda: config_mod.load(args)).run)
     except OSError as exc:  # typically a port already in use
         print(f"kproxy run: error: {exc}", file=sys.stderr)
         return 1

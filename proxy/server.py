@@ -6,6 +6,7 @@ and the hooks that decode and rewrite. ``Proxy.run`` wires it to sockets.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import signal
 import time
@@ -13,16 +14,17 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request, decode_response, encode_response
 from kproxy.codecs.peek import RequestPeek
-from kproxy.config import Config
+from kproxy.config import Config, ConfigError
 from kproxy.discovery import discover
-from kproxy.http_server import HttpResponse, HttpServer
+from kproxy.http_server import Handler, HttpRequest, HttpResponse, HttpServer
 from kproxy.inflight import Slot
 from kproxy.local_answers import api_versions_too_new
 from kproxy.logs import RateLimitedLog
@@ -31,6 +33,7 @@ from kproxy.policies.api_versions import cap_api_versions, default_caps
 from kproxy.policies.rewrite import Seen, rewrite_response_frame
 from kproxy.policies.topology import BackendView
 from kproxy.session import LocalHandler, Session
+from kproxy.telemetry import TelemetryService
 from kproxy.upstream import BootstrapRotation, UpstreamUnavailable, connect
 
 log = logging.getLogger("kproxy")
@@ -150,10 +153,21 @@ class ProxyContext:
 class Proxy:
     """Owns the sockets. ``run`` returns after a drain (SIGTERM/SIGINT or ``shutdown``)."""
 
-    def __init__(self, config: Config, metrics: ProxyMetrics | None = None) -> None:
+    def __init__(self, config: Config, metrics: ProxyMetrics | None = None,
+                 reload_config: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self.reload_config = reload_config
         self.ctx = ProxyContext(config, metrics or ProxyMetrics())
         self.ctx.on_view_change.append(self._sync_broker_listeners)
+        self.telemetry: TelemetryService | None = None
+        if config.telemetry.enabled:
+            self.telemetry = TelemetryService(config.telemetry, self.ctx.metrics)
+            self.ctx.local_handlers[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = (
+                self.telemetry.handle_get)
+            self.ctx.local_handlers[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
+            # Both keys, always together: a client only pushes when it sees both.
+            self.ctx.served_apis = {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0),
+                                    api_keys.PUSH_TELEMETRY: (0, 0)}
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
         self._broker_scopes: dict[int, trio.CancelScope] = {}
@@ -215,11 +229,53 @@ class Proxy:
                         extra={"fields": {"sessions": len(self.ctx.sessions)}})
 
     async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
+                if signum == signal.SIGHUP:
+                    await self.reload()
+                    continue
                 self.shutdown()
                 return
+
+    async def reload(self) -> bool:
+        """Re-read the configuration; a bad one is rejected and the running one kept."""
+        if self.reload_config is None:
+            log.warning("reload requested but this proxy was not started from a config")
+            return False
+        try:
+            new = self.reload_config()
+        except ConfigError as exc:
+            self.ctx.metrics.config_reloads.labels("rejected").inc()
+            log.error("config reload rejected; keeping the running config",
+                      extra={"fields": {"error": str(exc)}})
+            return False
+        await self.apply(new)
+        self.ctx.metrics.config_reloads.labels("applied").inc()
+        return True
+
+    async def apply(self, new: Config) -> None:
+        old = self.config
+        restart_only = [name for name in ("listen", "http", "advertised_host",
+                                          "broker_port_base", "broker_bind_host",
+                                          "broker_bind_port_base", "node_id_range")
+                        if getattr(old, name) != getattr(new, name)]
+        if old.telemetry.enabled != new.telemetry.enabled:
+            restart_only.append("telemetry")
+        if restart_only:
+            log.warning("changed options that take effect only after a restart: %s",
+                        ", ".join(restart_only))
+        if self.telemetry is not None and old.telemetry != new.telemetry:
+            self.telemetry.reconfigure(new.telemetry)
+            log.info("telemetry subscriptions reloaded",
+                     extra={"fields": {"subscriptions": len(new.telemetry.settings.subscriptions)}})
+        if old.upstream != new.upstream:
+            self.ctx.rotation.servers = list(new.upstream)
+            log.info("upstream bootstrap servers changed", extra={"fields": {
+                "upstream": ",".join(f"{h}:{p}" for h, p in new.upstream)}})
+        self.config = self.ctx.config = new
+        if old.upstream != new.upstream:
+            await self._discover_once()
 
     # ------------------------------------------------------------------ listeners
 
@@ -306,17 +362,30 @@ class Proxy:
             return False, f"backend not reached for {time.monotonic() - last:.0f}s"
         return True, f"{len(self.ctx.view.nodes)} broker(s) known"
 
-    def _routes(self) -> dict[str, Any]:
-        async def healthz(method: str, body: bytes) -> HttpResponse:
+    def _routes(self) -> dict[str, Handler]:
+        async def healthz(req: HttpRequest) -> HttpResponse:
             return HttpResponse(200, b"ok\n")
 
-        async def readyz(method: str, body: bytes) -> HttpResponse:
+        async def readyz(req: HttpRequest) -> HttpResponse:
             ok, why = self.ready()
             return HttpResponse(200 if ok else 503, f"{'ready' if ok else 'not ready'}: "
                                 f"{why}\n".encode())
 
-        async def metrics(method: str, body: bytes) -> HttpResponse:
-            return HttpResponse(200, generate_latest(self.ctx.metrics.registry),
-                                CONTENT_TYPE_LATEST)
+        async def metrics(req: HttpRequest) -> HttpResponse:
+            return metrics_response(self.ctx.metrics.registry, req.headers)
 
         return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}
+
+
+def metrics_response(registry: CollectorRegistry, headers: dict[str, str]) -> HttpResponse:
+    """Prometheus text, or OpenMetrics when asked for; gzip when accepted."""
+    if "application/openmetrics-text" in headers.get("accept", ""):
+        body = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+        ctype = openmetrics.CONTENT_TYPE_LATEST
+    else:
+        body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+    extra = []
+    if "gzip" in headers.get("accept-encoding", ""):
+        body = gzip.compress(body, compresslevel=5)
+        extra.append(("content-encoding", "gzip"))
+    return HttpResponse(200, body, ctype, extra)

@@ -162,7 +162,11 @@ class Session:
             self.ctx.metrics.request_bytes.labels(name).inc(len(frame) + 4)
             if peek.client_id is not None:
                 self.info.client_id = peek.client_id
-            local = self.ctx.answer_locally(self, peek, frame)
+            try:
+                local = self.ctx.answer_locally(self, peek, frame)
+            except CodecError as exc:  # a broker closes the connection on such a request
+                self.ctx.decode_error("request", name, exc, self)
+                raise SessionClosed(str(exc)) from None
             now = time.monotonic()
             if local is not None:
                 self.ordered.answer_locally(peek.correlation_id, peek.api_key, peek.api_version,

@@ -1,0 +1,268 @@
+"""KIP-714 client telemetry with a broker's semantics, as pure state and decisions.
+
+The rules follow Kafka's ClientMetricsManager: which subscription a client gets,
+its instance and subscription ids, when a push is too early, which error a bad
+push earns and in which order the checks run, and when an instance is forgotten.
+Time is passed in (milliseconds); nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kproxy.codecs import compression, otlp
+from kproxy.codecs.crc32c import crc32c
+from kproxy.codecs.errors import CodecError
+
+# Kafka error codes used by the telemetry APIs.
+NONE = 0
+INVALID_REQUEST = 42
+UNSUPPORTED_COMPRESSION_TYPE = 76
+INVALID_RECORD = 87
+THROTTLING_QUOTA_EXCEEDED = 89
+UNKNOWN_SUBSCRIPTION_ID = 117
+TELEMETRY_TOO_LARGE = 118
+
+ERROR_NAMES = {
+    NONE: "none", INVALID_REQUEST: "invalid_request",
+    UNSUPPORTED_COMPRESSION_TYPE: "unsupported_compression_type",
+    INVALID_RECORD: "invalid_record", THROTTLING_QUOTA_EXCEEDED: "throttling_quota_exceeded",
+    UNKNOWN_SUBSCRIPTION_ID: "unknown_subscription_id",
+    TELEMETRY_TOO_LARGE: "telemetry_too_large",
+}
+
+MATCH_KEYS = ("client_instance_id", "client_id", "client_software_name",
+              "client_software_version", "client_source_address", "client_source_port")
+COMPRESSION_NAMES = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+DEFAULT_INTERVAL_MS = 300_000
+MIN_INTERVAL_MS, MAX_INTERVAL_MS = 100, 3_600_000
+ALL_METRICS = "*"
+
+
+class PolicyError(ValueError):
+    """A bad telemetry policy; the message names the entry and field."""
+
+
+@dataclass(frozen=True)
+class Subscription:
+    name: str
+    metrics: tuple[str, ...]
+    interval_ms: int = DEFAULT_INTERVAL_MS
+    match: tuple[tuple[str, re.Pattern[str]], ...] = ()
+
+    def matches(self, attrs: dict[str, str]) -> bool:
+        return all(p.fullmatch(attrs.get(k, "")) for k, p in self.match)
+
+
+def parse_subscriptions(entries: Iterable[dict[str, Any]]) -> tuple[Subscription, ...]:
+    subs = []
+    for i, entry in enumerate(entries):
+        name = str(entry.get("name") or f"subscription-{i}")
+        where = f"telemetry.subscriptions[{i}] ({name})"
+        unknown = set(entry) - {"name", "metrics", "interval_ms", "match"}
+        if unknown:
+            raise PolicyError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        metrics = entry.get("metrics", [])
+        if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+            raise PolicyError(f"{where}: metrics must be a list of prefixes ('*' for all)")
+        interval = entry.get("interval_ms", DEFAULT_INTERVAL_MS)
+        if not isinstance(interval, int) or not MIN_INTERVAL_MS <= interval <= MAX_INTERVAL_MS:
+            raise PolicyError(f"{where}: interval_ms must be {MIN_INTERVAL_MS}.."
+                              f"{MAX_INTERVAL_MS}, got {interval!r}")
+        match = entry.get("match", {})
+        if not isinstance(match, dict):
+            raise PolicyError(f"{where}: match must be a table of attribute = regex")
+        compiled = []
+        for key, pattern in sorted(match.items()):
+            if key not in MATCH_KEYS:
+                raise PolicyError(f"{where}: match.{key}: not one of {', '.join(MATCH_KEYS)}")
+            try:
+                compiled.append((key, re.compile(str(pattern))))
+            except re.error as exc:
+                raise PolicyError(f"{where}: match.{key}: bad regex ({exc})") from None
+        subs.append(Subscription(name, tuple(metrics), interval, tuple(compiled)))
+    return tuple(subs)
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    subscriptions: tuple[Subscription, ...] = ()
+    max_bytes: int = 1024 * 1024  # TelemetryMaxBytes: largest compressed push accepted
+    max_decompressed_bytes: int = 16 * 1024 * 1024
+    delta_temporality: bool = False
+    compression_types: tuple[int, ...] = (4, 3, 1, 2)  # zstd, lz4, gzip, snappy
+    max_instances: int = 100_000
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The subscription one client instance gets: what it sends, and how often."""
+
+    requested_metrics: tuple[str, ...]
+    interval_ms: int
+    subscription_id: int
+
+
+def resolve(settings: TelemetrySettings, instance_id: uuid.UUID,
+            attrs: dict[str, str]) -> Resolved:
+    """Union of matching subscriptions' metrics, the smallest interval, a derived id."""
+    matching = [s for s in settings.subscriptions if s.matches(attrs)]
+    prefixes = sorted({m for s in matching for m in s.metrics})
+    # On the wire an empty string subscribes to everything; an empty list to nothing.
+    requested: tuple[str, ...] = ("",) if ALL_METRICS in prefixes else tuple(prefixes)
+    interval = min((s.interval_ms for s in matching), default=DEFAULT_INTERVAL_MS)
+    digest = crc32c(("\n".join(requested) + f"\n{interval}").encode())
+    instance_hash = crc32c(instance_id.bytes)
+    sub_id = struct.unpack(">i", struct.pack(">I", digest ^ instance_hash))[0]
+    return Resolved(requested, interval, sub_id)
+
+
+@dataclass
+class ClientInstance:
+    instance_id: uuid.UUID
+    attrs: dict[str, str]
+    resolved: Resolved
+    settings_version: int
+    last_get_ms: int = 0
+    last_push_ms: int = 0
+    terminating: bool = False
+    last_error: int = NONE
+    last_seen_ms: int = 0
+
+    @property
+    def expires_after_ms(self) -> int:
+        return max(60_000, 3 * self.resolved.interval_ms)
+
+    def may_get(self, now: int) -> bool:
+        if now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms:
+            self.last_get_ms = now
+            return True
+        return False
+
+    def may_push(self, now: int) -> bool:
+        # The first push after a Get may come early: clients add jitter to it.
+        ok = self.last_get_ms > self.last_push_ms or (
+            now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms)
+        if ok:
+            self.last_push_ms = now
+        return ok
+
+
+@dataclass
+class GetResult:
+    error_code: int
+    instance: ClientInstance | None = None
+
+
+@dataclass
+class PushResult:
+    error_code: int
+    instance: ClientInstance | None = None
+    metrics: list[otlp.ResourceMetrics] = field(default_factory=list)
+    detail: str = ""
+
+
+class TelemetryState:
+    """Every known client instance, bounded by count (LRU) and by age (expiry)."""
+
+    def __init__(self, settings: TelemetrySettings,
+                 new_instance_id: Callable[[], uuid.UUID] = uuid.uuid4,
+                 on_forget: Callable[[uuid.UUID], None] | None = None) -> None:
+        self.settings = settings
+        self.version = 0
+        self.instances: OrderedDict[uuid.UUID, ClientInstance] = OrderedDict()
+        self._new_id = new_instance_id
+        self._on_forget = on_forget
+
+    def reconfigure(self, settings: TelemetrySettings) -> None:
+        """New subscriptions: every instance gets a fresh subscription on its next request."""
+        if settings != self.settings:
+            self.settings = settings
+            self.version += 1
+
+    def expire(self, now: int) -> int:
+        gone = [i for i, inst in self.instances.items()
+                if now - inst.last_seen_ms > inst.expires_after_ms]
+        for instance_id in gone:
+            self._forget(instance_id)
+        return len(gone)
+
+    def _forget(self, instance_id: uuid.UUID) -> None:
+        if self.instances.pop(instance_id, None) is not None and self._on_forget:
+            self._on_forget(instance_id)
+
+    def _instance(self, instance_id: uuid.UUID, attrs: dict[str, str],
+                  now: int) -> ClientInstance:
+        inst = self.instances.get(instance_id)
+        if inst is None or inst.settings_version != self.version:
+            # Unknown, expired or resolved under an older policy: start afresh, as a
+            # broker does, so a stale subscription id is answered with 117.
+            full = {**attrs, "client_instance_id": str(instance_id)}
+            inst = ClientInstance(instance_id, full, resolve(self.settings, instance_id, full),
+                                  self.version)
+            self.instances[instance_id] = inst
+        self.instances.move_to_end(instance_id)
+        inst.last_seen_ms = now
+        while len(self.instances) > self.settings.max_instances:
+            self._forget(next(iter(self.instances)))
+        return inst
+
+    def get_subscriptions(self, instance_id: uuid.UUID, attrs: dict[str, str],
+                          now: int) -> GetResult:
+        self.expire(now)
+        if instance_id.int == 0:
+            instance_id = self._new_id()
+        inst = self._instance(instance_id, attrs, now)
+        if not inst.may_get(now) and inst.last_error not in (UNKNOWN_SUBSCRIPTION_ID,
+                                                             UNSUPPORTED_COMPRESSION_TYPE):
+            return GetResult(THROTTLING_QUOTA_EXCEEDED)
+        inst.last_error = NONE
+        return GetResult(NONE, inst)
+
+    def push(self, instance_id: uuid.UUID, subscription_id: int, terminating: bool,
+             compression_type: int, payload: bytes | None, attrs: dict[str, str],
+             now: int) -> PushResult:
+        self.expire(now)
+        if instance_id.int == 0:
+            return PushResult(INVALID_REQUEST, detail="zero client instance id")
+        inst = self._instance(instance_id, attrs, now)
+        error, detail = self._check_push(inst, subscription_id, terminating, compression_type,
+                                         payload, now)
+        if error:
+            inst.last_error = error
+            return PushResult(error, inst, detail=detail)
+        inst.terminating = terminating
+        metrics: list[otlp.ResourceMetrics] = []
+        if payload:
+            try:
+                raw = compression.decompress(compression_type, payload,
+                                             self.settings.max_decompressed_bytes)
+                metrics = otlp.decode_metrics_data(raw)
+            except CodecError as exc:
+                inst.last_error = INVALID_RECORD
+                return PushResult(INVALID_RECORD, inst, detail=str(exc))
+        inst.last_error = NONE
+        if terminating:
+            # Its last push: keep the values for a scrape or two, then let it expire.
+            inst.last_seen_ms = now - inst.expires_after_ms + 2 * 60_000
+        return PushResult(NONE, inst, metrics)
+
+    def _check_push(self, inst: ClientInstance, subscription_id: int, terminating: bool,
+                    compression_type: int, payload: bytes | None, now: int) -> tuple[int, str]:
+        if inst.terminating:
+            return INVALID_REQUEST, "push after a terminating push"
+        if not inst.may_push(now) and not terminating:
+            return THROTTLING_QUOTA_EXCEEDED, "push before the push interval elapsed"
+        if subscription_id != inst.resolved.subscription_id:
+            return UNKNOWN_SUBSCRIPTION_ID, "stale subscription id"
+        if compression_type not in (0, *self.settings.compression_types):
+            return UNSUPPORTED_COMPRESSION_TYPE, f"compression type {compression_type}"
+        if payload is not None and len(payload) > self.settings.max_bytes:
+            return TELEMETRY_TOO_LARGE, f"{len(payload)} bytes > {self.settings.max_bytes}"
+        return NONE, ""

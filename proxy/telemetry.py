@@ -1,0 +1,145 @@
+"""KIP-714 termination in the proxy: the two local handlers and the /metrics collector.
+
+GetTelemetrySubscriptions (71) and PushTelemetry (72) are answered here and never
+reach the broker; the decisions are ``policies.telemetry``'s, the series
+``policies.telemetry_store``'s. The answers go through the connection's ordered
+queue like any other response.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+from prometheus_client import Counter, Gauge
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.messages import decode_request, encode_response_parts
+from kproxy.codecs.peek import RequestPeek
+from kproxy.config import TelemetryConfig
+from kproxy.metrics import ProxyMetrics
+from kproxy.policies import telemetry as policy
+from kproxy.policies.telemetry_store import MetricsStore
+from kproxy.session import Session
+
+log = logging.getLogger("kproxy.telemetry")
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class TelemetryService:
+    def __init__(self, cfg: TelemetryConfig, metrics: ProxyMetrics,
+                 clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.cfg = cfg
+        self.clock_ms = clock_ms
+        self.store = MetricsStore(cfg.metric_prefix, cfg.max_series)
+        self.state = policy.TelemetryState(cfg.settings, on_forget=self.store.forget)
+        r = metrics.registry
+        self.requests = Counter(
+            "kproxy_telemetry_requests", "Telemetry requests answered by the proxy, by API "
+            "and error", ["api", "error"], registry=r)
+        self.dropped = Counter(
+            "kproxy_telemetry_series_dropped", "Client metric points dropped because the "
+            "series cap was reached", registry=r)
+        self.unsupported = Counter(
+            "kproxy_telemetry_points_unsupported", "Client metric points of a kind not "
+            "exported (summaries, exponential histograms) or of a conflicting type",
+            registry=r)
+        Gauge("kproxy_telemetry_client_instances", "Client instances remembered",
+              registry=r).set_function(lambda: len(self.state.instances))
+        Gauge("kproxy_telemetry_series", "Client metric series exported",
+              registry=r).set_function(lambda: self.store.total)
+        r.register(ClientMetricsCollector(self))
+        self._ratelog_last = 0.0
+
+    def reconfigure(self, cfg: TelemetryConfig) -> None:
+        self.cfg = cfg
+        self.state.reconfigure(cfg.settings)
+        self.store.max_series = cfg.max_series
+
+    @staticmethod
+    def attributes(session: Session) -> dict[str, str]:
+        info = session.info
+        return {"client_id": info.client_id or "",
+                "client_software_name": info.software_name or "",
+                "client_software_version": info.software_version or "",
+                "client_source_address": info.source_address,
+                "client_source_port": str(info.source_port)}
+
+    def handle_get(self, session: Session, peek: RequestPeek, frame: bytes) -> bytes:
+        body = decode_request(frame).body
+        result = self.state.get_subscriptions(body["client_instance_id"],
+                                              self.attributes(session), self.clock_ms())
+        self.requests.labels("GetTelemetrySubscriptions",
+                             policy.ERROR_NAMES[result.error_code]).inc()
+        settings = self.state.settings
+        inst = result.instance
+        reply = {
+            "throttle_time_ms": 0, "error_code": result.error_code,
+            "client_instance_id": inst.instance_id if inst else uuid.UUID(int=0),
+            "subscription_id": inst.resolved.subscription_id if inst else 0,
+            "accepted_compression_types": list(settings.compression_types),
+            "push_interval_ms": inst.resolved.interval_ms if inst else
+            policy.DEFAULT_INTERVAL_MS,
+            "telemetry_max_bytes": settings.max_bytes,
+            "delta_temporality": settings.delta_temporality,
+            "requested_metrics": list(inst.resolved.requested_metrics) if inst else [],
+        }
+        return encode_response_parts(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, peek.api_version,
+                                     peek.correlation_id, reply)
+
+    def handle_push(self, session: Session, peek: RequestPeek, frame: bytes) -> bytes:
+        body = decode_request(frame).body
+        result = self.state.push(body["client_instance_id"], body["subscription_id"],
+                                 body["terminating"], body["compression_type"], body["metrics"],
+                                 self.attributes(session), self.clock_ms())
+        self.requests.labels("PushTelemetry", policy.ERROR_NAMES[result.error_code]).inc()
+        if result.error_code:
+            log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
+                "error": policy.ERROR_NAMES[result.error_code], **session._fields()}})
+        elif result.instance is not None and result.metrics:
+            stats = self.store.ingest(result.instance.instance_id, result.instance.attrs,
+                                      result.metrics, self.state.settings.delta_temporality)
+            if stats.dropped_by_cap:
+                self.dropped.inc(stats.dropped_by_cap)
+                now = time.monotonic()
+                if now - self._ratelog_last > 60:
+                    self._ratelog_last = now
+                    log.warning("client metric series cap reached; dropping new series",
+                                extra={"fields": {"max_series": self.store.max_series,
+                                                  "dropped": stats.dropped_by_cap}})
+            if stats.unsupported or stats.type_conflicts:
+                self.unsupported.inc(stats.unsupported + stats.type_conflicts)
+        return encode_response_parts(api_keys.PUSH_TELEMETRY, peek.api_version,
+                                     peek.correlation_id,
+                                     {"throttle_time_ms": 0, "error_code": result.error_code})
+
+
+class ClientMetricsCollector(Collector):
+    """Reads the telemetry state at scrape time; expired clients vanish here."""
+
+    def __init__(self, service: TelemetryService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        self.service.state.expire(self.service.clock_ms())
+        for family, rows in self.service.store.snapshot():
+            metric = Metric(family.name, family.help, family.kind, family.unit)
+            for labels, series in rows:
+                lab = dict(labels)
+                if family.kind == "counter":
+                    metric.add_sample(family.name + "_total", lab, series.value)
+                elif family.kind == "gauge":
+                    metric.add_sample(family.name, lab, series.value)
+                else:
+                    for le, count in series.cumulative_buckets():
+                        metric.add_sample(family.name + "_bucket", {**lab, "le": le}, count)
+                    metric.add_sample(family.name + "_count", lab, series.count)
+                    metric.add_sample(family.name + "_sum", lab, series.sum)
+            yield metric
