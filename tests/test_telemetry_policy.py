@@ -178,7 +178,7 @@ def test_store_accumulates_deltas_and_caps_series() -> None:
     store.ingest(ID, {}, delta_payload(3, 1), delta=True)
     store.ingest(ID, {}, delta_payload(4, 1), delta=True)
     [(fam, [(labels, series)])] = store.snapshot()
-    assert series.value == 7 and fam.kind == "counter"
+    assert series.value == 7 and fam.kind == "counter" and dict(labels)["node_id"] == "1"
     store.ingest(ID, {}, delta_payload(1, 2), delta=True)
     capped = store.ingest(ID, {}, delta_payload(1, 3), delta=True)
     assert capped.dropped_by_cap == 1 and store.total == 2
