@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test lint typecheck-tree fmt clean vectors
+.PHONY: run test test-tools lint typecheck-tree fmt clean vectors
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,16 @@ $(DEV): pyproject.toml | $(BIN)/python
 run: $(DEV)
 	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP)
 
-test: $(DEV) lint
+test: $(DEV) lint test-tools
 	$(BIN)/python -m pytest -q
+
+# System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+test-tools:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing prometheus (Debian package) for the scrape test"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
 # mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
 # symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.

@@ -11,6 +11,7 @@ import trio
 
 log = logging.getLogger("kproxy.http")
 MAX_REQUEST_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 16 * 1024
 READ_TIMEOUT = 10.0
 
 
@@ -75,6 +76,10 @@ class HttpServer:
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
+                size = len(event.target) + sum(len(k) + len(v) for k, v in event.headers)
+                if size > MAX_HEADER_BYTES:
+                    raise h11.RemoteProtocolError("request headers too large",
+                                                  error_status_hint=431)
                 request = event
             elif isinstance(event, h11.Data):
                 body += event.data

@@ -13,8 +13,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from prometheus_client import Counter, Gauge
-from prometheus_client.core import Metric
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kproxy.codecs import api_keys
@@ -27,6 +27,7 @@ from kproxy.policies.telemetry_store import MetricsStore
 from kproxy.session import Session
 
 log = logging.getLogger("kproxy.telemetry")
+_COMPRESSION = {v: k for k, v in policy.COMPRESSION_NAMES.items()}
 
 
 def _now_ms() -> int:
@@ -45,16 +46,15 @@ class TelemetryService:
             "kproxy_telemetry_requests", "Telemetry requests answered by the proxy, by API "
             "and error", ["api", "error"], registry=r)
         self.dropped = Counter(
-            "kproxy_telemetry_series_dropped", "Client metric points dropped because the "
-            "series cap was reached", registry=r)
+            "kproxy_telemetry_points_dropped", "Client metric points not exported because "
+            "each would have added a series beyond the series cap", registry=r)
+        self.by_compression = Counter(
+            "kproxy_telemetry_pushes_decoded", "Accepted pushes, by compression type",
+            ["compression"], registry=r)
         self.unsupported = Counter(
             "kproxy_telemetry_points_unsupported", "Client metric points of a kind not "
             "exported (summaries, exponential histograms) or of a conflicting type",
             registry=r)
-        Gauge("kproxy_telemetry_client_instances", "Client instances remembered",
-              registry=r).set_function(lambda: len(self.state.instances))
-        Gauge("kproxy_telemetry_series", "Client metric series exported",
-              registry=r).set_function(lambda: self.store.total)
         r.register(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
 
@@ -103,7 +103,9 @@ class TelemetryService:
         if result.error_code:
             log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
                 "error": policy.ERROR_NAMES[result.error_code], **session._fields()}})
-        elif result.instance is not None and result.metrics:
+        else:
+            self.by_compression.labels(_COMPRESSION[body["compression_type"]]).inc()
+        if not result.error_code and result.instance is not None and result.metrics:
             stats = self.store.ingest(result.instance.instance_id, result.instance.attrs,
                                       result.metrics, self.state.settings.delta_temporality)
             if stats.dropped_by_cap:
@@ -128,7 +130,13 @@ class ClientMetricsCollector(Collector):
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
-        self.service.state.expire(self.service.clock_ms())
+        service = self.service
+        service.state.expire(service.clock_ms())
+        # Counted after expiry, so they agree with the series below in the same scrape.
+        yield GaugeMetricFamily("kproxy_telemetry_client_instances",
+                                "Client instances remembered", len(service.state.instances))
+        yield GaugeMetricFamily("kproxy_telemetry_series", "Client metric series exported",
+                                service.store.total)
         for family, rows in self.service.store.snapshot():
             metric = Metric(family.name, family.help, family.kind, family.unit)
             for labels, series in rows:

@@ -28,14 +28,16 @@ from kproxy.codecs.registry import spec_for
 from kproxy.embedded_broker import free_port, wait_for_port
 
 
-def make_config(upstream: str, **overrides: Any) -> config_mod.Config:
+def make_config(upstream: str, config_file: Path | None = None,
+                **overrides: Any) -> config_mod.Config:
     """A Config with free loopback ports, as `kproxy run` flags would build it."""
     values: dict[str, Any] = {"upstream": upstream, "listen": "127.0.0.1:0",
                               "http": "127.0.0.1:0",
                               "broker_port_base": str(free_port()),
                               "node_id_range": "111-111", "discovery_interval": "2"}
     values.update({k: str(v) for k, v in overrides.items()})
-    ns = argparse.Namespace(config=None, **{o.name: None for o in config_mod.OPTIONS})
+    ns = argparse.Namespace(config=str(config_file) if config_file else None,
+                            **{o.name: None for o in config_mod.OPTIONS})
     for key, value in values.items():
         setattr(ns, key, value)
     return config_mod.load(ns, env={})
@@ -50,6 +52,24 @@ def encode_request(api_key: int, api_version: int, correlation_id: int,
     encode_into(spec, api_version, body, w)
     data = w.getvalue()
     return struct.pack(">i", len(data)) + data
+
+
+async def http_get(port: int, path: str, headers: dict[str, str] | None = None,
+                   raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    """A minimal HTTP/1.1 GET (or raw bytes) against the proxy's endpoint, read to EOF."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    await stream.send_all(raw or f"GET {path} HTTP/1.1\r\nhost: t\r\n{extra}\r\n".encode())
+    data = bytearray()
+    with trio.fail_after(10):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    await stream.aclose()
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return status, hdrs, body
 
 
 class RawClient:

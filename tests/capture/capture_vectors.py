@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.support
 
 from recorder import Recorder
 
@@ -126,6 +127,53 @@ def scenario_aiokafka(bootstrap: str) -> None:
     asyncio.run(run())
 
 
+def capture_telemetry() -> list[dict[str, object]]:
+    """Real librdkafka PushTelemetry frames, one run per push compression.
+
+    The broker does not serve telemetry, so the recorders sit in front of kproxy,
+    which answers it: client -> recorder -> kproxy -> tansu. kproxy advertises the
+    broker recorder's port and binds its own (--broker-port-base vs
+    --broker-bind-port-base), so every connection crosses a recorder.
+    """
+    import tempfile
+
+    from confluent_kafka import Producer
+
+    from kproxy.embedded_broker import free_port
+    from tests.support import kproxy_process
+
+    rows: list[dict[str, object]] = []
+    tmp = Path(tempfile.mkdtemp())
+    (tmp / "t.toml").write_text('[[telemetry.subscriptions]]\nmetrics = ["*"]\n'
+                                "interval_ms = 500\n")
+    with TansuBroker() as broker:
+        for codec in ("zstd", "lz4", "gzip", "snappy"):
+            bind = free_port()
+            rec_broker = Recorder(("127.0.0.1", bind)).start()
+            with kproxy_process(broker.bootstrap, tmp, "--config", str(tmp / "t.toml"),
+                                "--telemetry-compression-types", codec,
+                                "--broker-port-base", str(rec_broker.port),
+                                "--broker-bind-port-base", str(bind)) as kp:
+                rec_boot = Recorder(("127.0.0.1", kp.bootstrap_port)).start()
+                producer = Producer({"bootstrap.servers": rec_boot.bootstrap, "linger.ms": 5})
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and sum(
+                        1 for c in rec_broker.frames + rec_boot.frames
+                        if c.api_key == 72 and c.direction == "response") < 2:
+                    producer.produce("telemetry-capture", b"x" * 100)
+                    producer.poll(0.05)
+                producer.flush(5)
+                rec_boot.close()
+            rec_broker.close()
+            for c in rec_boot.frames + rec_broker.frames:
+                if c.api_key in (71, 72) and len(c.frame) <= MAX_FRAME:
+                    rows.append({"client": "confluent-kafka", "direction": c.direction,
+                                 "api_key": c.api_key, "api_name": api_name(c.api_key),
+                                 "api_version": c.api_version, "compression": codec,
+                                 "hex": c.frame.hex()})
+    return rows
+
+
 SCENARIOS: dict[str, Callable[[str], None]] = {
     "confluent-kafka": scenario_confluent,
     "kafka-python": scenario_kafka_python,
@@ -156,7 +204,14 @@ def capture(client: str) -> list[dict[str, object]]:
 
 def main() -> None:
     OUT.mkdir(exist_ok=True)
-    for client in sys.argv[1:] or SCENARIOS:
+    wanted = sys.argv[1:] or [*SCENARIOS, "telemetry"]
+    if "telemetry" in wanted:
+        wanted.remove("telemetry")
+        rows = capture_telemetry()
+        path = OUT / "librdkafka-telemetry.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"{path}: {len(rows)} frames")
+    for client in wanted:
         rows = capture(client)
         path = OUT / f"{client}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
