@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
   kproxy bootstrap      : {host}:{port}   <- give clients bootstrap.servers={host}:{port}
   broker 111 via proxy  : {cfg.advertised_host}:{cfg.port_map.advertised_port(111)}
   health and metrics    : http://{http_host}:{http_port}/healthz  /readyz  /metrics
+  client telemetry      : clients with KIP-714 telemetry (librdkafka's default) show up on
+                          /metrics as org_apache_kafka_* within ~5 s of producing
 
   try:  {TRY_CLIENT.format(bootstrap=f"{host}:{port}")}
   Ctrl-C stops both.

@@ -214,3 +214,29 @@ async def test_malformed_and_oversized_http_requests_get_4xx(
     assert (await http_get(port, "", raw=huge))[0] in (400, 431)
     assert (await http_get(port, "/healthz"))[0] == 200
     proxy.shutdown()
+
+
+async def test_telemetry_off_forwards_71_and_72_untouched(nursery: trio.Nursery,
+                                                          tmp_path: Path) -> None:
+    from kproxy.embedded_broker import TansuBroker
+
+    broker = TansuBroker(log_path=tmp_path / "tansu.log").start()
+    try:
+        proxy = Proxy(make_config(broker.bootstrap, telemetry="off"))
+        await nursery.start(lambda task_status: proxy.run(handle_signals=False,
+                                                          task_status=task_status))
+        assert proxy.telemetry is None
+        client = await RawClient.connect(proxy.bootstrap_port or 0)
+        resp = await client.request(api_keys.API_VERSIONS, 3, 1, {
+            "client_software_name": "t", "client_software_version": "1"})
+        keys = {e["api_key"] for e in resp.body["api_keys"]}
+        assert 71 in keys and 72 not in keys  # as tansu says: it advertises 71 only
+        # The request goes to the broker, and its answer comes back as it is.
+        got = await client.request(71, 0, 2, {"client_instance_id": uuid.UUID(int=0)})
+        assert got.header.correlation_id == 2
+        _, _, text = await http_get(proxy.http_port or 0, "/metrics")
+        assert b"kproxy_telemetry_requests_total{" not in text
+        await client.aclose()
+        proxy.shutdown()
+    finally:
+        broker.stop()
