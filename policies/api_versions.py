@@ -13,6 +13,7 @@ from typing import Any
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.registry import DECODED
+from kproxy.policies.metadata_bridge import advertised_metadata_max
 
 # ShareFetch / ShareAcknowledge carry NodeEndpoints that this proxy does not rewrite.
 HIDDEN_APIS = frozenset({api_keys.SHARE_FETCH, api_keys.SHARE_ACKNOWLEDGE})
@@ -46,3 +47,13 @@ def cap_api_versions(body: dict[str, Any], caps: Mapping[int, int],
         kept.append({"api_key": key, "min_version": lo, "max_version": hi})
     kept.sort(key=lambda e: e["api_key"])
     body["api_keys"] = kept
+
+
+def bridge_metadata_version(body: dict[str, Any]) -> int | None:
+    """Offer Metadata v13 over a v12 backend; returns the backend's own Metadata max."""
+    for entry in body["api_keys"]:
+        if entry["api_key"] == api_keys.METADATA:
+            backend_max = int(entry["max_version"])
+            entry["max_version"] = advertised_metadata_max(backend_max)
+            return backend_max
+    return None

@@ -19,9 +19,15 @@ class Change:
     removed: dict[int, BrokerAddress]
     moved: dict[int, tuple[BrokerAddress, BrokerAddress]]
     cluster_id: tuple[str | None, str | None] | None  # (before, after) when it changed
+    reason: str = "backend"
+
+    @property
+    def invalid_nodes(self) -> set[int]:
+        """Nodes whose old backend address no longer serves them."""
+        return set(self.removed) | set(self.moved)
 
     def describe(self) -> str:
-        parts = []
+        parts = [] if self.reason == "backend" else [self.reason]
         if self.cluster_id:
             parts.append(f"cluster id {self.cluster_id[0]!r} -> {self.cluster_id[1]!r}")
         if self.added:
@@ -43,6 +49,11 @@ class BackendView:
 
     def address_of(self, node_id: int) -> BrokerAddress | None:
         return self.nodes.get(node_id)
+
+    def force(self, reason: str) -> Change:
+        """An epoch bump with no visible change (operator request, upstream reconfigured)."""
+        self.epoch += 1
+        return Change(self.epoch, {}, {}, {}, None, reason)
 
     def observe(self, nodes: dict[int, BrokerAddress], cluster_id: str | None,
                 complete: bool) -> Change | None:

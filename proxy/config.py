@@ -180,6 +180,12 @@ OPTIONS: tuple[Option, ...] = (
            "SECONDS"),
     Option("discovery_interval", parse_seconds, 10.0,
            "how often the backend's broker set is read with a Metadata request", "SECONDS"),
+    Option("legacy_clients", parse_choice("close", "ignore"), "close",
+           "when the backend changes, what to do with clients whose Metadata version is "
+           "below v13 and so cannot read REBOOTSTRAP_REQUIRED: close their connections (they "
+           "reconnect through the bootstrap listener) or leave them", "close|ignore"),
+    Option("admin", parse_bool, False,
+           "enable operator actions on the HTTP port (POST /admin/rebootstrap)", "on|off"),
     Option("drain_timeout", parse_seconds, 30.0,
            "on SIGTERM, how long in-flight requests may take to finish", "SECONDS"),
 )
@@ -243,6 +249,8 @@ class Config:
     connect_timeout: float
     write_timeout: float
     discovery_interval: float
+    legacy_clients: str
+    admin: bool
     drain_timeout: float
     telemetry: TelemetryConfig
     source: str | None = None  # the config file, when there was one
@@ -372,7 +380,8 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         log_format=v["log_format"], log_level=v["log_level"],
         max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
         connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
-        discovery_interval=v["discovery_interval"], drain_timeout=v["drain_timeout"],
+        discovery_interval=v["discovery_interval"], legacy_clients=v["legacy_clients"],
+        admin=v["admin"], drain_timeout=v["drain_timeout"],
         telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
     )
     try:

@@ -11,7 +11,7 @@ leave strictly from the head.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kproxy.codecs.errors import CodecError
 
@@ -24,7 +24,7 @@ class Slot:
     started: float
     upstream: bool  # answered by the broker (else by the proxy itself)
     frame: bytes | None = None
-    context: dict[str, object] = field(default_factory=dict)
+    upstream_version: int = -1  # when the proxy sent another version upstream (Metadata)
 
 
 # acks=0 Produce requests whose (unexpected) answer we would still recognise.

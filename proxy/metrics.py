@@ -51,6 +51,16 @@ class ProxyMetrics:
         self.config_reloads = Counter(
             "kproxy_config_reloads", "Configuration reloads, by outcome", ["outcome"],
             registry=r)
+        self.topology_changes = Counter(
+            "kproxy_topology_changes", "Backend changes that bumped the topology epoch, by "
+            "reason", ["reason"], registry=r)
+        self.topology_epoch = Gauge(
+            "kproxy_topology_epoch", "Current topology epoch of the backend view", registry=r)
+        self.rebootstrap = Counter(
+            "kproxy_rebootstrap", "Clients told or made to bootstrap again, by outcome: "
+            "injected (REBOOTSTRAP_REQUIRED in Metadata v13+), legacy_closed, legacy_ignored, "
+            "upstream_gone (connection to a backend that left, closed)", ["outcome"],
+            registry=r)
         self.limits_hit = Counter(
             "kproxy_limit_hits", "Requests or connections refused by a configured limit",
             ["limit"], registry=r)

@@ -20,7 +20,12 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.messages import decode_request, decode_response, encode_response
+from kproxy.codecs.messages import (
+    decode_request,
+    decode_response,
+    encode_response,
+    encode_response_parts,
+)
 from kproxy.codecs.peek import RequestPeek
 from kproxy.config import Config, ConfigError
 from kproxy.discovery import discover
@@ -29,9 +34,20 @@ from kproxy.inflight import Slot
 from kproxy.local_answers import api_versions_too_new
 from kproxy.logs import RateLimitedLog
 from kproxy.metrics import ProxyMetrics
-from kproxy.policies.api_versions import cap_api_versions, default_caps
-from kproxy.policies.rewrite import Seen, rewrite_response_frame
-from kproxy.policies.topology import BackendView
+from kproxy.policies.api_versions import (
+    bridge_metadata_version,
+    cap_api_versions,
+    default_caps,
+)
+from kproxy.policies.metadata_bridge import (
+    BACKEND_VERSION,
+    BRIDGED_VERSION,
+    downgrade_request,
+    needs_bridge,
+)
+from kproxy.policies.rebootstrap import REBOOTSTRAP_REQUIRED, Action, RebootstrapPolicy
+from kproxy.policies.rewrite import Seen, rewrite_metadata, rewrite_response_frame
+from kproxy.policies.topology import BackendView, Change
 from kproxy.session import LocalHandler, Session
 from kproxy.telemetry import TelemetryService
 from kproxy.upstream import BootstrapRotation, UpstreamUnavailable, connect
@@ -54,6 +70,8 @@ class ProxyContext:
         self.ratelog = RateLimitedLog()
         self.on_view_change: list[Callable[[], Any]] = []
         self.last_discovery: float | None = None
+        self.rebootstrap = RebootstrapPolicy(config.legacy_clients)
+        self.backend_metadata_max: int | None = None  # from the last ApiVersions relayed
 
     # ------------------------------------------------------------------ upstream
 
@@ -61,12 +79,13 @@ class ProxyContext:
         timeout = self.config.connect_timeout
         try:
             if session.node_id is None:
-                stream, _ = await self.rotation.connect(timeout)
+                stream, session.upstream_address = await self.rotation.connect(timeout)
                 return stream
             addr = self.view.address_of(session.node_id)
             if addr is None:
                 raise UpstreamUnavailable([(("?", 0), f"node {session.node_id} is not a "
                                             "known broker")])
+            session.upstream_address = (addr.host, addr.port)
             try:
                 return await connect(addr.host, addr.port, timeout)
             except trio.TooSlowError:
@@ -113,14 +132,53 @@ class ProxyContext:
 
     # ------------------------------------------------------------------ responses
 
+    def bridge_metadata_request(self, session: Session, peek: RequestPeek,
+                                frame: bytes) -> tuple[bytes, int]:
+        """Send a v13 Metadata request as v12 when the backend stops at v12."""
+        backend_max = session.backend_metadata_max or self.backend_metadata_max
+        if peek.api_version == BRIDGED_VERSION and (backend_max is None
+                                                    or needs_bridge(peek.api_version,
+                                                                    backend_max)):
+            return downgrade_request(frame), BACKEND_VERSION
+        return frame, peek.api_version
+
     async def rewrite_response(self, session: Session, slot: Slot, frame: bytes) -> bytes:
         if slot.api_key == api_keys.API_VERSIONS:
-            return self._rewrite_api_versions(slot, frame)
+            return self._rewrite_api_versions(session, slot, frame)
+        if slot.api_key == api_keys.METADATA:
+            return await self._rewrite_metadata(session, slot, frame)
         result = rewrite_response_frame(slot.api_key, slot.api_version, frame, self.port_map)
-        await self.observe(result.seen)
+        await self.observe(result.seen, session)
         return result.frame if result.frame is not None else frame
 
-    def _rewrite_api_versions(self, slot: Slot, frame: bytes) -> bytes:
+    async def _rewrite_metadata(self, session: Session, slot: Slot, frame: bytes) -> bytes:
+        resp = decode_response(frame, api_keys.METADATA, slot.upstream_version)
+        seen = rewrite_metadata(resp.body, self.port_map)
+        if session.topology_epoch is None:
+            session.topology_epoch = self.rebootstrap.epoch_for_new_connection(
+                session.client_key)
+        action, _ = self.rebootstrap.metadata_response(session.client_key,
+                                                       session.topology_epoch, slot.api_version)
+        await self.observe(seen, session)
+        # This response is the client's view from now on (even if it just moved the epoch).
+        session.topology_epoch = self.view.epoch
+        self.rebootstrap.remember(session.client_key, self.view.epoch)
+        if slot.api_version >= BRIDGED_VERSION:
+            resp.body["error_code"] = (REBOOTSTRAP_REQUIRED if action is Action.INJECT
+                                       else resp.body.get("error_code", 0))
+        if action is not Action.NONE:
+            self.metrics.rebootstrap.labels(
+                {Action.INJECT: "injected", Action.CLOSE: "legacy_closed",
+                 Action.IGNORE: "legacy_ignored"}[action]).inc()
+            log.info("client told to bootstrap again" if action is Action.INJECT else
+                     f"legacy client below Metadata v13: {action.value}",
+                     extra={"fields": {**session._fields(), "epoch": self.view.epoch}})
+        if action is Action.CLOSE:
+            session.close_after_flush = True
+        return encode_response_parts(api_keys.METADATA, slot.api_version,
+                                     resp.header.correlation_id, resp.body, resp.header.tagged)
+
+    def _rewrite_api_versions(self, session: Session, slot: Slot, frame: bytes) -> bytes:
         try:
             resp = decode_response(frame, slot.api_key, slot.api_version)
         except CodecError:
@@ -129,10 +187,13 @@ class ProxyContext:
             if decode_response(frame, slot.api_key, 0).body["error_code"] != 0:
                 return frame
             raise
+        backend_max = bridge_metadata_version(resp.body)
+        if backend_max is not None:
+            session.backend_metadata_max = self.backend_metadata_max = backend_max
         cap_api_versions(resp.body, self.api_caps, add=self.served_apis)
         return encode_response(resp)
 
-    async def observe(self, seen: Seen) -> None:
+    async def observe(self, seen: Seen, session: Session | None = None) -> None:
         if seen.out_of_range:
             self.metrics.node_out_of_range.inc(len(seen.out_of_range))
             first, last = self.config.node_id_range
@@ -141,13 +202,45 @@ class ProxyContext:
                          nodes=sorted(seen.out_of_range), node_id_range=f"{first}-{last}")
         if not seen.nodes and not seen.complete:
             return
+        if session is not None and (
+                session.connected_epoch < self.view.epoch
+                or (seen.cluster_id and self.view.cluster_id
+                    and seen.cluster_id != self.view.cluster_id)):
+            # A connection opened before the last change may still reach the old
+            # backend; discovery, not it, decides what the backend is now.
+            return
         change = self.view.observe(seen.nodes, seen.cluster_id, seen.complete)
         if change is not None:
-            log.info("backend changed: %s", change.describe(),
-                     extra={"fields": {"epoch": change.epoch}})
+            await self.changed(change)
         self.metrics.brokers_known.set(len(self.view.nodes))
         for callback in self.on_view_change:
             await callback()
+
+    async def changed(self, change: Change) -> None:
+        """A new topology epoch: stale clients learn it, dead-end connections are closed."""
+        reason = change.reason if change.reason != "backend" else (
+            "cluster_id" if change.cluster_id else "brokers")
+        log.info("backend changed: %s", change.describe(),
+                 extra={"fields": {"epoch": change.epoch, "reason": reason}})
+        self.metrics.topology_changes.labels(reason).inc()
+        self.metrics.topology_epoch.set(change.epoch)
+        self.rebootstrap.bump(change.epoch)
+        servers = set(self.rotation.servers)
+        for s in list(self.sessions):
+            if s.connected_epoch >= change.epoch:
+                continue
+            gone = change.cluster_id is not None or (
+                s.node_id in change.invalid_nodes if s.node_id is not None
+                else s.upstream_address not in servers)
+            if gone:
+                # Its backend is not part of the cluster any more: let in-flight
+                # requests finish, then close, so the client reconnects to the new one.
+                self.metrics.rebootstrap.labels("upstream_gone").inc()
+                s.stop_reading()
+            elif (self.config.legacy_clients == "close" and s.metadata_version is not None
+                  and s.metadata_version < BRIDGED_VERSION):
+                self.metrics.rebootstrap.labels("legacy_closed").inc()
+                s.stop_reading()
 
 
 class Proxy:
@@ -274,7 +367,11 @@ class Proxy:
             log.info("upstream bootstrap servers changed", extra={"fields": {
                 "upstream": ",".join(f"{h}:{p}" for h, p in new.upstream)}})
         self.config = self.ctx.config = new
+        self.ctx.rebootstrap.legacy_clients = new.legacy_clients
         if old.upstream != new.upstream:
+            # A new bootstrap list is a trigger of its own, even when it leads to the
+            # same cluster: sessions on servers no longer listed are closed.
+            await self.ctx.changed(self.ctx.view.force("upstream_reconfigured"))
             await self._discover_once()
 
     # ------------------------------------------------------------------ listeners
@@ -374,7 +471,18 @@ class Proxy:
         async def metrics(req: HttpRequest) -> HttpResponse:
             return metrics_response(self.ctx.metrics.registry, req.headers)
 
-        return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}
+        async def rebootstrap(req: HttpRequest) -> HttpResponse:
+            if not self.config.admin:
+                return HttpResponse(403, b"admin actions are disabled (start with --admin on)\n")
+            if req.method != "POST":
+                return HttpResponse(405, b"use POST\n", headers=[("allow", "POST")])
+            change = self.ctx.view.force("operator")
+            await self.ctx.changed(change)
+            return HttpResponse(200, f"topology epoch is now {change.epoch}; clients will be "
+                                f"told to bootstrap again\n".encode())
+
+        return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
+                "/admin/rebootstrap": rebootstrap}
 
 
 def metrics_response(registry: CollectorRegistry, headers: dict[str, str]) -> HttpResponse:

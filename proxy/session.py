@@ -64,7 +64,14 @@ class Session:
         self.upstream: trio.abc.Stream | None = None
         self.ordered = OrderedResponses()
         self.info = ClientInfo(*_peer(client))
-        self.topology_epoch = ctx.view.epoch
+        # The epoch this client last saw (set at its first Metadata response), the
+        # Metadata version it speaks, and what the broker behind it can serve.
+        self.topology_epoch: int | None = None
+        self.metadata_version: int | None = None
+        self.backend_metadata_max: int | None = None
+        self.connected_epoch = ctx.view.epoch
+        self.upstream_address: tuple[str, int] | None = None
+        self.close_after_flush = False
         self._write_lock = trio.Lock()
         self._room = trio.Event()
         self._draining = False
@@ -113,6 +120,10 @@ class Session:
         self._draining = True
         self._recv_scope.cancel()
 
+    @property
+    def client_key(self) -> tuple[str, str]:
+        return self.info.source_address, self.info.client_id or ""
+
     def close(self) -> None:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -138,9 +149,10 @@ class Session:
             reader.feed(data)
             await self._handle_requests(reader)
         # Draining: wait until every request already taken has been answered.
-        while len(self.ordered):
-            self._room = trio.Event()
-            await self._room.wait()
+        with trio.move_on_after(self.ctx.config.drain_timeout):
+            while len(self.ordered):
+                self._room = trio.Event()
+                await self._room.wait()
         self.close()
 
     async def _handle_requests(self, reader: FrameReader) -> None:
@@ -173,9 +185,15 @@ class Session:
                                             now, local)
                 answered_locally = True
                 continue
+            if peek.api_key == api_keys.METADATA:
+                self.metadata_version = peek.api_version
+                frame, upstream_version = self.ctx.bridge_metadata_request(self, peek, frame)
+            else:
+                upstream_version = peek.api_version
             if peek.expects_response:
-                self.ordered.expect_upstream(peek.correlation_id, peek.api_key,
-                                             peek.api_version, now)
+                slot = self.ordered.expect_upstream(peek.correlation_id, peek.api_key,
+                                                    peek.api_version, now)
+                slot.upstream_version = upstream_version
             else:
                 self.ordered.expect_nothing(peek.correlation_id)
             out.append(_SIZE.pack(len(frame)))
@@ -248,6 +266,9 @@ class Session:
                 m.response_bytes.labels(name).inc(len(slot.frame) + 4)
             await self._send(self.client, b"".join(parts))
             self._room.set()
+            if self.close_after_flush:
+                raise SessionClosed("closed after its last response, as the legacy-client "
+                                    "policy asks")
 
     async def _send(self, stream: trio.abc.Stream, data: bytes) -> None:
         """Write all of ``data`` or end the session; cancellation never splits a frame."""

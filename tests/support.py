@@ -137,13 +137,13 @@ class KproxyProcess:
 
 
 @contextmanager
-def kproxy_process(upstream: str, tmp_path: Path, *extra: str,
+def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
                    node_id_range: str = "111-111", env: dict[str, str] | None = None,
                    ) -> Iterator[KproxyProcess]:
     bootstrap, http, base = free_port(), free_port(), free_port()
     log_path = tmp_path / f"kproxy-{bootstrap}.log"
-    cmd = [sys.executable, "-m", "kproxy.cli", "run", "--upstream", upstream,
-           "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
+    cmd = [sys.executable, "-m", "kproxy.cli", "run",
+           *(["--upstream", upstream] if upstream else []), "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
            "--broker-port-base", str(base), "--node-id-range", node_id_range,
            "--discovery-interval", "2", *extra]
     with open(log_path, "wb") as log:

@@ -205,3 +205,38 @@ async def test_api_versions_newer_than_ours_gets_error_35_at_v0(
     assert body["api_keys"] == [{"api_key": 18, "min_version": 0, "max_version": 4}]
     assert not any(r[0] == 18 and r[1] == 9 for r in fake.requests)
     proxy.shutdown()
+
+
+async def test_admin_rebootstrap_and_metadata_v13_bridge(
+        nursery: trio.Nursery, tansu_bg: TansuBroker) -> None:
+    from kproxy.policies.rebootstrap import REBOOTSTRAP_REQUIRED
+
+    from .support import http_get
+
+    try:
+        proxy = await start_proxy(nursery, tansu_bg.bootstrap)
+        status, _, _ = await http_get(proxy.http_port or 0, "",
+                                      raw=b"POST /admin/rebootstrap HTTP/1.1\r\nhost: t\r\n"
+                                      b"content-length: 0\r\n\r\n")
+        assert status == 403  # disabled unless --admin
+        proxy.config = proxy.ctx.config = make_config(tansu_bg.bootstrap, admin="on")
+        client = await RawClient.connect(proxy.bootstrap_port or 0)
+        versions = await client.request(api_keys.API_VERSIONS, 3, 1, {
+            "client_software_name": "t", "client_software_version": "1"})
+        meta = next(e for e in versions.body["api_keys"] if e["api_key"] == api_keys.METADATA)
+        assert meta["max_version"] == 13  # tansu stops at 12; the proxy bridges
+        body13 = {**METADATA_V12}
+        first = await client.request(api_keys.METADATA, 13, 2, body13)
+        assert first.body["error_code"] == 0 and first.body["brokers"]
+        status, _, text = await http_get(proxy.http_port or 0, "",
+                                         raw=b"POST /admin/rebootstrap HTTP/1.1\r\nhost: t\r\n"
+                                         b"content-length: 0\r\n\r\n")
+        assert status == 200 and b"epoch is now 1" in text
+        told = await client.request(api_keys.METADATA, 13, 3, body13)
+        assert told.body["error_code"] == REBOOTSTRAP_REQUIRED  # once...
+        again = await client.request(api_keys.METADATA, 13, 4, body13)
+        assert again.body["error_code"] == 0  # ...then normal responses
+        await client.aclose()
+        proxy.shutdown()
+    finally:
+        tansu_bg.stop()
