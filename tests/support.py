@@ -143,7 +143,8 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
     bootstrap, http, base = free_port(), free_port(), free_port()
     log_path = tmp_path / f"kproxy-{bootstrap}.log"
     cmd = [sys.executable, "-m", "kproxy.cli", "run",
-           *(["--upstream", upstream] if upstream else []), "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
+           *(["--upstream", upstream] if upstream else []),
+           "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
            "--broker-port-base", str(base), "--node-id-range", node_id_range,
            "--discovery-interval", "2", *extra]
     with open(log_path, "wb") as log:
