@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import trio
@@ -22,18 +21,19 @@ async def connect(host: str, port: int, timeout: float) -> trio.SocketStream:
 
 
 class BootstrapRotation:
-    """Spreads new connections over the bootstrap servers and skips dead ones."""
+    """Connects to the first reachable bootstrap server, in the configured order.
+
+    Always starting from the first keeps one answer authoritative: were new
+    connections spread over servers that disagree (a broker being replaced),
+    the proxy's view of the backend would flip between their answers.
+    """
 
     def __init__(self, servers: Sequence[HostPort]) -> None:
         self.servers = list(servers)
-        self._start = itertools.count()
 
     async def connect(self, timeout: float) -> tuple[trio.SocketStream, HostPort]:
-        servers = self.servers
-        first = next(self._start) % len(servers)
         tried: list[tuple[HostPort, str]] = []
-        for i in range(len(servers)):
-            host, port = servers[(first + i) % len(servers)]
+        for host, port in list(self.servers):
             try:
                 return await connect(host, port, timeout), (host, port)
             except trio.TooSlowError:
