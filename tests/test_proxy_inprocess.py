@@ -101,12 +101,19 @@ async def test_silent_upstream_and_cut_response_close_the_client(
 
 
 async def test_unreachable_upstream_closes_client_promptly(nursery: trio.Nursery) -> None:
-    from kproxy.embedded_broker import free_port
+    import socket
 
-    proxy = await start_proxy(nursery, f"127.0.0.1:{free_port()}", connect_timeout="2")
-    client = await RawClient.connect(proxy.bootstrap_port or 0)
-    with trio.fail_after(3):
-        assert await client.read_frame() is None
+    # Bound but not listening: connecting is refused, and no one else can take the port.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    try:
+        proxy = await start_proxy(nursery, f"127.0.0.1:{closed.getsockname()[1]}",
+                                  connect_timeout="2")
+        client = await RawClient.connect(proxy.bootstrap_port or 0)
+        with trio.fail_after(3):
+            assert await client.read_frame() is None
+    finally:
+        closed.close()
     assert proxy.ctx.metrics.upstream_connect_failures.labels("bootstrap")._value.get() == 1
     status = proxy.ready()
     assert status == (False, "backend not reached yet")
