@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +42,35 @@ def create_topic(bootstrap: str, topic: str) -> None:
     admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(20)
 
 
+class SequencedProducer:
+    """Produces 0, 1, 2, ... and records each delivery report (time and offset)."""
+
+    def __init__(self, conf: dict[str, object], topic: str) -> None:
+        from confluent_kafka import Producer
+
+        self.producer = Producer(conf)
+        self.topic = topic
+        self.seq = 0
+        self.delivered: dict[int, tuple[float, int]] = {}
+        self.failed: list[str] = []
+
+    def _report(self, err: object, msg: object) -> None:
+        if err:
+            self.failed.append(str(err))
+        else:
+            self.delivered[int(msg.value())] = (  # type: ignore[attr-defined]
+                time.monotonic(), msg.offset())  # type: ignore[attr-defined]
+
+    def run(self, seconds: float, also: Callable[[], None] | None = None) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.producer.produce(self.topic, str(self.seq).encode(), on_delivery=self._report)
+            self.seq += 1
+            self.producer.poll(0.01)
+            if also is not None:
+                also()
+
+
 def read_all(bootstrap: str, topic: str) -> list[int]:
     """Every value on the topic, read directly from a broker to partition EOF."""
     from confluent_kafka import Consumer
@@ -68,7 +97,7 @@ def read_all(bootstrap: str, topic: str) -> list[int]:
 def swap(blue: TansuBroker, green: TansuBroker, tmp_path: Path,
          producer_conf: dict[str, object]) -> dict[str, object]:
     """Stream through the proxy on blue, switch the config to green, SIGHUP, keep going."""
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer
 
     topic = "orders"
     create_topic(blue.bootstrap, topic)
@@ -76,46 +105,33 @@ def swap(blue: TansuBroker, green: TansuBroker, tmp_path: Path,
     cfg = tmp_path / "kproxy.toml"
     cfg.write_text(f'upstream = "{blue.bootstrap}"\n')
     with kproxy_process(None, tmp_path, "--config", str(cfg)) as kp:
-        delivered: dict[int, float] = {}
-        failed: list[str] = []
-        producer = Producer({"bootstrap.servers": kp.bootstrap, "client.id": "orders-app",
-                             "linger.ms": 5, "message.timeout.ms": 30000, **producer_conf})
+        sp = SequencedProducer({"bootstrap.servers": kp.bootstrap, "client.id": "orders-app",
+                                "linger.ms": 5, "message.timeout.ms": 30000, **producer_conf},
+                               topic)
         consumer = Consumer({"bootstrap.servers": kp.bootstrap, "client.id": "orders-reader",
                              "group.id": "readers", "auto.offset.reset": "earliest",
                              "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
         consumer.subscribe([topic])
         consumed: list[int] = []
 
-        def on_delivery(err: object, msg: object) -> None:
-            if err:
-                failed.append(str(err))
-            else:
-                delivered[int(msg.value())] = time.monotonic()  # type: ignore[attr-defined]
+        def read_some() -> None:
+            msg = consumer.poll(0.01)
+            if msg is not None and not msg.error():
+                consumed.append(int(msg.value()))
 
-        seq = 0
-
-        def run(seconds: float) -> None:
-            nonlocal seq
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                producer.produce(topic, str(seq).encode(), on_delivery=on_delivery)
-                seq += 1
-                producer.poll(0.01)
-                msg = consumer.poll(0.01)
-                if msg is not None and not msg.error():
-                    consumed.append(int(msg.value()))
-
-        run(6.0)
-        assert delivered and consumed, "no traffic through the proxy before the swap"
+        sp.run(6.0, read_some)
+        assert sp.delivered and consumed, "no traffic through the proxy before the swap"
         cfg.write_text(f'upstream = "{green.bootstrap}"\n')
         swapped_at = time.monotonic()
         kp.signal(signal.SIGHUP)
-        sent_before_swap = seq
-        run(15.0)
-        producer.flush(30)
+        sent_before_swap = sp.seq
+        sp.run(15.0, read_some)
+        sp.producer.flush(30)
         consumer.close()
         _, metrics = kp.http_get("/metrics")
-        return {"seq": seq, "delivered": delivered, "failed": failed, "consumed": consumed,
+        delivered = {v: t for v, (t, _) in sp.delivered.items()}
+        return {"seq": sp.seq, "delivered": delivered, "failed": sp.failed,
+                "consumed": consumed,
                 "swapped_at": swapped_at, "sent_before_swap": sent_before_swap,
                 "metrics": metrics, "log": kp.log()}
 
@@ -274,41 +290,22 @@ def read_partition(bootstrap: str, topic: str, expect: int,
 
 def test_broker_replaced_behind_stable_bootstrap(s3_pair: tuple[TansuBroker, TansuBroker],
                                                  tmp_path: Path) -> None:
-    from confluent_kafka import Producer
-
     a, b = s3_pair
     create_topic(a.bootstrap, "events")
     with kproxy_process(f"{a.bootstrap},{b.bootstrap}", tmp_path) as kp:
-        delivered: dict[int, int] = {}
-        failed: list[str] = []
-        producer = Producer({"bootstrap.servers": kp.bootstrap, "client.id": "events-app",
-                             "enable.idempotence": True, "linger.ms": 5,
-                             "message.timeout.ms": 60000})
-
-        def on_delivery(err: object, msg: object) -> None:
-            if err:
-                failed.append(str(err))
-            else:
-                delivered[int(msg.value())] = msg.offset()  # type: ignore[attr-defined]
-
-        seq = 0
-
-        def run(seconds: float) -> None:
-            nonlocal seq
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                producer.produce("events", str(seq).encode(), on_delivery=on_delivery)
-                seq += 1
-                producer.poll(0.01)
-
-        run(4.0)
-        assert delivered
+        sp = SequencedProducer({"bootstrap.servers": kp.bootstrap, "client.id": "events-app",
+                                "enable.idempotence": True, "linger.ms": 5,
+                                "message.timeout.ms": 60000}, "events")
+        sp.run(4.0)
+        assert sp.delivered
         a.stop()  # mid-stream; b serves the same data
-        stopped_at = seq
-        run(12.0)
-        assert producer.flush(60) == 0
-        assert not failed, f"{len(failed)} delivery failures, e.g. {failed[:3]}"
-        assert len(delivered) == seq
+        stopped_at = sp.seq
+        sp.run(12.0)
+        assert sp.producer.flush(60) == 0
+        assert not sp.failed, f"{len(sp.failed)} delivery failures, e.g. {sp.failed[:3]}"
+        seq = sp.seq
+        assert len(sp.delivered) == seq
+        delivered = {v: offset for v, (_, offset) in sp.delivered.items()}
         records = read_partition(b.bootstrap, "events", expect=seq)
         values = [v for _, v in records]
         # Nothing lost, nothing duplicated (idempotent producer), in order, and the
