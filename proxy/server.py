@@ -7,6 +7,7 @@ and the hooks that decode and rewrite. ``Proxy.run`` wires it to sockets.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import logging
 import signal
 import time
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
@@ -252,6 +253,9 @@ class Proxy:
         self.reload_config = reload_config
         self.ctx = ProxyContext(config, metrics or ProxyMetrics())
         self.ctx.on_view_change.append(self._sync_broker_listeners)
+        Gauge("kproxy_ready", "1 while /readyz answers 200: the backend answered discovery "
+              "recently and the proxy is not draining", registry=self.ctx.metrics.registry,
+              ).set_function(lambda: 1.0 if self.ready()[0] else 0.0)
         self.telemetry: TelemetryService | None = None
         if config.telemetry.enabled:
             self.telemetry = TelemetryService(config.telemetry, self.ctx.metrics)
@@ -292,6 +296,8 @@ class Proxy:
                 services.start_soon(self._discovery_loop)
                 if handle_signals:
                     services.start_soon(self._signals)
+                if cfg.source and cfg.config_watch_interval > 0:
+                    services.start_soon(self._watch_config, cfg.source)
                 log.info("kproxy listening", extra={"fields": {
                     "bootstrap": f"{host}:{self.bootstrap_port}",
                     "advertised_host": cfg.advertised_host,
@@ -330,6 +336,17 @@ class Proxy:
                     continue
                 self.shutdown()
                 return
+
+    async def _watch_config(self, path: str) -> None:
+        """Reload when the file's content changes (a ConfigMap update swaps a symlink)."""
+        last = _fingerprint(path)
+        while True:
+            await trio.sleep(self.config.config_watch_interval or 5.0)
+            now = _fingerprint(path)
+            if now != last:
+                last = now
+                log.info("config file changed; reloading", extra={"fields": {"path": path}})
+                await self.reload()
 
     async def reload(self) -> bool:
         """Re-read the configuration; a bad one is rejected and the running one kept."""
@@ -483,6 +500,14 @@ class Proxy:
 
         return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
                 "/admin/rebootstrap": rebootstrap}
+
+
+def _fingerprint(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).digest()
+    except OSError:
+        return None
 
 
 def metrics_response(registry: CollectorRegistry, headers: dict[str, str]) -> HttpResponse:

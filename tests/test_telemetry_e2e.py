@@ -156,6 +156,20 @@ def test_real_prometheus_scrapes_client_metrics(backend: TansuBroker, tmp_path: 
             assert {r["metric"]["client_software_name"] for r in result} == {  # type: ignore[index]
                 "confluent-kafka-python"}
             assert query('kproxy_requests_total{api="Produce"}')
+            # Every panel of the shipped Grafana dashboard is a valid query over these
+            # series, and the main ones show data.
+            dashboard = json.loads((Path(__file__).resolve().parent.parent / "deploy" /
+                                    "grafana" / "kproxy-dashboard.json").read_text())
+            panels = {p["title"]: [t["expr"].replace("$__rate_interval", "1m")
+                                   for t in p["targets"]] for p in dashboard["panels"]}
+            must_show = ("Requests per second by API", "Request latency through the proxy, "
+                         "p99 by API", "Client connections by listener",
+                         "Top clients by producer request latency (avg, ms)")
+            assert wait_for(lambda: all(query(e) for t in must_show for e in panels[t]), 30,
+                            lambda: produce_for(producer, "prom-topic", 0.5))
+            for exprs in panels.values():
+                for expr in exprs:
+                    query(expr)  # raises on a query Prometheus rejects
             producer.flush(5)
         finally:
             prom.terminate()
