@@ -43,10 +43,14 @@ def test_every_pattern_is_shipped() -> None:
             "PodMonitor", "PrometheusRule"} <= kinds
 
 
+def monitoring_schema(kind: str) -> dict[str, Any]:
+    return {**SCHEMAS[kind], "definitions": SCHEMAS["definitions"]}
+
+
 @pytest.mark.parametrize(("name", "doc"), DOCS, ids=[n for n, _ in DOCS])
 def test_manifest_validates(name: str, doc: dict[str, Any]) -> None:
     if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-        jsonschema.validate(doc, {**SCHEMAS[doc["kind"]], "definitions": SCHEMAS["definitions"]})
+        jsonschema.validate(doc, monitoring_schema(doc["kind"]))
     else:
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
 
@@ -56,7 +60,7 @@ def test_monitoring_schema_rejects_a_typo() -> None:
            "metadata": {"name": "x"}, "spec": {"selector": {"matchLabels": {"a": "b"}},
                                                "endpoints": [{"prot": "http"}]}}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, {**SCHEMAS["ServiceMonitor"], "definitions": SCHEMAS["definitions"]})
+        jsonschema.validate(bad, monitoring_schema("ServiceMonitor"))
 
 
 def promtool() -> str:
