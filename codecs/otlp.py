@@ -160,3 +160,24 @@ def _metric(m: metrics_pb2.Metric) -> Metric:
             for p in m.summary.data_points
         ]
     return out
+
+
+def to_otlp_json(payload: bytes | memoryview, resource_attributes: dict[str, str]) -> str:
+    """One line of OTLP JSON (the OpenTelemetry file-exporter format) for a push.
+
+    The proxy's knowledge of the client is added as resource attributes, so a reader of
+    the archive needs nothing but the line.
+    """
+    from google.protobuf.json_format import MessageToJson
+
+    msg = metrics_pb2.MetricsData()
+    try:
+        msg.ParseFromString(bytes(payload))
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise CodecError(f"not an OTLP MetricsData message ({exc})", what="OTLP payload") from None
+    for rm in msg.resource_metrics:
+        known = {kv.key for kv in rm.resource.attributes}
+        for key, value in resource_attributes.items():
+            if key not in known:
+                rm.resource.attributes.add(key=key, value=AnyValue(string_value=value))
+    return MessageToJson(msg, indent=None, preserving_proto_field_name=False)

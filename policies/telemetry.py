@@ -166,6 +166,7 @@ class PushResult:
     instance: ClientInstance | None = None
     metrics: list[otlp.ResourceMetrics] = field(default_factory=list)
     detail: str = ""
+    raw: bytes = b""  # the decompressed OTLP payload, for the archive
 
 
 class TelemetryState:
@@ -239,6 +240,7 @@ class TelemetryState:
             return PushResult(error, inst, detail=detail)
         inst.terminating = terminating
         metrics: list[otlp.ResourceMetrics] = []
+        raw = b""
         if payload:
             try:
                 raw = compression.decompress(compression_type, payload,
@@ -251,7 +253,7 @@ class TelemetryState:
         if terminating:
             # Its last push: keep the values for a scrape or two, then let it expire.
             inst.last_seen_ms = now - inst.expires_after_ms + 2 * 60_000
-        return PushResult(NONE, inst, metrics)
+        return PushResult(NONE, inst, metrics, raw=raw)
 
     def _check_push(self, inst: ClientInstance, subscription_id: int, terminating: bool,
                     compression_type: int, payload: bytes | None, now: int) -> tuple[int, str]:

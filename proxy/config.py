@@ -190,6 +190,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("config_watch_interval", parse_non_negative_seconds, 5.0,
            "how often the --config file is checked for changes (a ConfigMap update); a "
            "change is applied like SIGHUP; 0 turns the watch off", "SECONDS"),
+    Option("archive", str, None,
+           "write accepted telemetry pushes and a record per client connection as JSON "
+           "lines under this folder, for the fleet pipeline (off when unset)", "DIR"),
+    Option("archive_max_file_bytes", parse_positive_int, 64 * 1024 * 1024,
+           "an archive file is completed (renamed into place) at this size", "BYTES"),
+    Option("archive_max_file_seconds", parse_seconds, 300.0,
+           "an archive file is completed at this age", "SECONDS"),
+    Option("archive_max_total_bytes", parse_positive_int, 1024 * 1024 * 1024,
+           "completed archive files are deleted, oldest first, beyond this total", "BYTES"),
+    Option("archive_queue_records", parse_positive_int, 10_000,
+           "records waiting for the archive writer; beyond this they are dropped and "
+           "counted (a slow or full disk never slows the relay)", "N"),
     Option("legacy_clients", parse_choice("close", "ignore"), "close",
            "when the backend changes, what to do with clients whose Metadata version is "
            "below v13 and so cannot read REBOOTSTRAP_REQUIRED: close their connections (they "
@@ -260,6 +272,11 @@ class Config:
     write_timeout: float
     discovery_interval: float
     config_watch_interval: float
+    archive: str | None
+    archive_max_file_bytes: int
+    archive_max_file_seconds: float
+    archive_max_total_bytes: int
+    archive_queue_records: int
     legacy_clients: str
     admin: bool
     drain_timeout: float
@@ -392,7 +409,11 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
         connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
         discovery_interval=v["discovery_interval"],
-        config_watch_interval=v["config_watch_interval"], legacy_clients=v["legacy_clients"],
+        config_watch_interval=v["config_watch_interval"], archive=v["archive"] or None,
+        archive_max_file_bytes=v["archive_max_file_bytes"],
+        archive_max_file_seconds=v["archive_max_file_seconds"],
+        archive_max_total_bytes=v["archive_max_total_bytes"],
+        archive_queue_records=v["archive_queue_records"], legacy_clients=v["legacy_clients"],
         admin=v["admin"], drain_timeout=v["drain_timeout"],
         telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
     )

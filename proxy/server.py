@@ -10,15 +10,20 @@ import gzip
 import hashlib
 import logging
 import signal
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.registry import Collector
 
+from kproxy.archive import KINDS, ArchiveSettings, ArchiveWriter
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import (
@@ -69,9 +74,11 @@ class ProxyContext:
         self.api_caps = default_caps()
         self.sessions: set[Session] = set()
         self.ratelog = RateLimitedLog()
+        self.hostname = socket.gethostname()
         self.on_view_change: list[Callable[[], Any]] = []
         self.last_discovery: float | None = None
         self.rebootstrap = RebootstrapPolicy(config.legacy_clients)
+        self.archive: ArchiveWriter | None = None
         self.backend_metadata_max: int | None = None  # from the last ApiVersions relayed
 
     # ------------------------------------------------------------------ upstream
@@ -101,6 +108,27 @@ class ProxyContext:
                          "cannot reach the backend; closing the client connection",
                          listener=session.listener, tried=str(exc))
             return None
+
+    def connection_closed(self, session: Session) -> None:
+        """One inventory record per client connection, for the fleet pipeline."""
+        if self.archive is None or not session.api_versions_used:
+            return
+        used = session.api_versions_used
+        metadata = used.get(api_keys.METADATA)
+        info = session.info
+        self.archive.connection({
+            "ts": round(time.time(), 3), "opened": round(session.opened_at, 3),
+            "proxy": self.hostname, "listener": session.listener,
+            "client_id": info.client_id, "client_software_name": info.software_name,
+            "client_software_version": info.software_version,
+            "source_address": info.source_address, "source_port": info.source_port,
+            "apis": {api_keys.api_name(k): v for k, v in sorted(used.items())},
+            "metadata_max_version": metadata,
+            "supports_metadata_v13": None if metadata is None else metadata >= BRIDGED_VERSION,
+            "telemetry": api_keys.PUSH_TELEMETRY in used
+            or api_keys.GET_TELEMETRY_SUBSCRIPTIONS in used,
+            "bytes_in": session.bytes_in, "bytes_out": session.bytes_out,
+        })
 
     def upstream_lost(self, session: Session, reason: str) -> None:
         self.metrics.upstream_disconnects.labels(session.listener).inc()
@@ -256,9 +284,16 @@ class Proxy:
         Gauge("kproxy_ready", "1 while /readyz answers 200: the backend answered discovery "
               "recently and the proxy is not draining", registry=self.ctx.metrics.registry,
               ).set_function(lambda: 1.0 if self.ready()[0] else 0.0)
+        if config.archive:
+            self.ctx.archive = ArchiveWriter(ArchiveSettings(
+                Path(config.archive), config.archive_max_file_bytes,
+                config.archive_max_file_seconds, config.archive_max_total_bytes,
+                config.archive_queue_records))
+            self.ctx.metrics.registry.register(ArchiveCollector(self.ctx.archive))
         self.telemetry: TelemetryService | None = None
         if config.telemetry.enabled:
-            self.telemetry = TelemetryService(config.telemetry, self.ctx.metrics)
+            self.telemetry = TelemetryService(config.telemetry, self.ctx.metrics,
+                                              archive=self.ctx.archive)
             self.ctx.local_handlers[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = (
                 self.telemetry.handle_get)
             self.ctx.local_handlers[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
@@ -279,6 +314,16 @@ class Proxy:
     async def run(self, *, handle_signals: bool = True,
                   task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
+        if self.ctx.archive is not None:
+            self.ctx.archive.start()
+        try:
+            await self._run(cfg, handle_signals, task_status)
+        finally:
+            if self.ctx.archive is not None:
+                await trio.to_thread.run_sync(self.ctx.archive.close)
+
+    async def _run(self, cfg: Config, handle_signals: bool,
+                   task_status: trio.TaskStatus[Proxy]) -> None:
         async with trio.open_nursery() as services:
             self._services = services
             async with trio.open_nursery() as sessions:
@@ -500,6 +545,25 @@ class Proxy:
 
         return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
                 "/admin/rebootstrap": rebootstrap}
+
+
+class ArchiveCollector(Collector):
+    def __init__(self, archive: ArchiveWriter) -> None:
+        self.archive = archive
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.archive.stats
+        records = CounterMetricFamily("kproxy_archive_records", "Archive records, by kind and "
+                                      "outcome (dropped: the writer was behind or the disk "
+                                      "failed)", labels=["kind", "outcome"])
+        for kind in KINDS:
+            records.add_metric([kind, "written"], stats.written[kind])
+            records.add_metric([kind, "dropped"], stats.dropped[kind])
+        yield records
+        yield CounterMetricFamily("kproxy_archive_files_deleted", "Completed archive files "
+                                  "removed to stay under the size bound", stats.files_deleted)
+        yield GaugeMetricFamily("kproxy_archive_bytes", "Bytes of completed archive files",
+                                stats.bytes_on_disk)
 
 
 def _fingerprint(path: str) -> bytes | None:

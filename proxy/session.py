@@ -72,6 +72,11 @@ class Session:
         self.connected_epoch = ctx.view.epoch
         self.upstream_address: tuple[str, int] | None = None
         self.close_after_flush = False
+        # For the connection inventory: highest version used per API, bytes each way.
+        self.api_versions_used: dict[int, int] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.opened_at = time.time()
         self._write_lock = trio.Lock()
         self._room = trio.Event()
         self._draining = False
@@ -94,6 +99,7 @@ class Session:
                     nursery.start_soon(self._guard, self._responses)
         finally:
             m.connections_active.labels(self.listener).dec()
+            self.ctx.connection_closed(self)
             with trio.CancelScope(shield=True):
                 for stream in (self.client, self.upstream):
                     if stream is not None:
@@ -172,6 +178,9 @@ class Session:
             name = api_keys.api_name(peek.api_key)
             self.ctx.metrics.requests.labels(name).inc()
             self.ctx.metrics.request_bytes.labels(name).inc(len(frame) + 4)
+            self.bytes_in += len(frame) + 4
+            if self.api_versions_used.get(peek.api_key, -1) < peek.api_version:
+                self.api_versions_used[peek.api_key] = peek.api_version
             if peek.client_id is not None:
                 self.info.client_id = peek.client_id
             try:
@@ -264,6 +273,7 @@ class Session:
                 name = api_keys.api_name(slot.api_key)
                 m.latency.labels(name).observe(now - slot.started)
                 m.response_bytes.labels(name).inc(len(slot.frame) + 4)
+                self.bytes_out += len(slot.frame) + 4
             await self._send(self.client, b"".join(parts))
             self._room.set()
             if self.close_after_flush:

@@ -17,8 +17,10 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kproxy.archive import ArchiveWriter
 from kproxy.codecs import api_keys
 from kproxy.codecs.messages import decode_request, encode_response_parts
+from kproxy.codecs.otlp import to_otlp_json
 from kproxy.codecs.peek import RequestPeek
 from kproxy.config import TelemetryConfig
 from kproxy.metrics import ProxyMetrics
@@ -36,8 +38,10 @@ def _now_ms() -> int:
 
 class TelemetryService:
     def __init__(self, cfg: TelemetryConfig, metrics: ProxyMetrics,
-                 clock_ms: Callable[[], int] = _now_ms) -> None:
+                 clock_ms: Callable[[], int] = _now_ms,
+                 archive: ArchiveWriter | None = None) -> None:
         self.cfg = cfg
+        self.archive = archive
         self.clock_ms = clock_ms
         self.store = MetricsStore(cfg.metric_prefix, cfg.max_series)
         self.state = policy.TelemetryState(cfg.settings, on_forget=self.store.forget)
@@ -105,6 +109,10 @@ class TelemetryService:
                 "error": policy.ERROR_NAMES[result.error_code], **session._fields()}})
         else:
             self.by_compression.labels(_COMPRESSION[body["compression_type"]]).inc()
+        if not result.error_code and result.instance is not None and result.raw and (
+                self.archive is not None):
+            self.archive.telemetry(to_otlp_json(result.raw, _resource_attributes(
+                result.instance.attrs, session)))
         if not result.error_code and result.instance is not None and result.metrics:
             stats = self.store.ingest(result.instance.instance_id, result.instance.attrs,
                                       result.metrics, self.state.settings.delta_temporality)
@@ -121,6 +129,19 @@ class TelemetryService:
         return encode_response_parts(api_keys.PUSH_TELEMETRY, peek.api_version,
                                      peek.correlation_id,
                                      {"throttle_time_ms": 0, "error_code": result.error_code})
+
+
+def _resource_attributes(attrs: dict[str, str], session: Session) -> dict[str, str]:
+    """What the proxy knows of the client, as OTLP resource attributes for the archive."""
+    return {
+        "client.instance.id": attrs.get("client_instance_id", ""),
+        "client.id": attrs.get("client_id", ""),
+        "client.software.name": attrs.get("client_software_name", ""),
+        "client.software.version": attrs.get("client_software_version", ""),
+        "client.source.address": attrs.get("client_source_address", ""),
+        "kproxy.host": session.ctx.hostname,
+        "kproxy.received.time.unix.nano": str(time.time_ns()),
+    }
 
 
 class ClientMetricsCollector(Collector):

@@ -70,8 +70,9 @@ def test_librdkafka_producer_and_consumer_metrics(backend: TansuBroker, tmp_path
     from confluent_kafka import Consumer, Producer
 
     topic = f"tel-{uuid.uuid4().hex[:6]}"
+    archive = tmp_path / "archive"
     with kproxy_process(backend.bootstrap, tmp_path, "--config",
-                        str(telemetry_config(tmp_path))) as kp:
+                        str(telemetry_config(tmp_path)), "--archive", str(archive)) as kp:
         producer = Producer({"bootstrap.servers": kp.bootstrap, "linger.ms": 5})
         consumer = Consumer({"bootstrap.servers": kp.bootstrap, "group.id": topic,
                              "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
@@ -100,6 +101,18 @@ def test_librdkafka_producer_and_consumer_metrics(backend: TansuBroker, tmp_path
         finally:
             consumer.close()
             producer.flush(5)
+    # The archive, completed on shutdown: OTLP JSON lines enriched with what the proxy
+    # knows of the client, and one inventory record per connection.
+    lines = [json.loads(line) for p in archive.glob("telemetry/date=*/hour=*/part-*.jsonl")
+             for line in p.read_text().splitlines()]
+    assert lines and all("resourceMetrics" in x for x in lines)
+    keys = {kv["key"] for x in lines for rm in x["resourceMetrics"]
+            for kv in rm["resource"]["attributes"]}
+    assert {"client.instance.id", "client.software.name", "client.id"} <= keys
+    conns = [json.loads(line) for p in archive.glob("connections/date=*/hour=*/part-*.jsonl")
+             for line in p.read_text().splitlines()]
+    assert any(c["telemetry"] and c["supports_metadata_v13"] for c in conns)
+    assert not list(archive.rglob(".*.tmp"))
 
 
 @pytest.mark.parametrize("codec", ["lz4", "gzip", "snappy"])
