@@ -183,10 +183,12 @@ def test_blue_green_swap_idempotent_producer(blue_green: tuple[TansuBroker, Tans
     check_swap(blue, green, result, tmp_path)
 
 
-def test_legacy_kafka_python_reconnects_and_continues(
+def test_legacy_aiokafka_reconnects_and_continues(
         blue_green: tuple[TansuBroker, TansuBroker], tmp_path: Path) -> None:
-    """kafka-python speaks Metadata v12: it cannot read 129, so its connections are closed."""
-    from kafka import KafkaProducer
+    """aiokafka speaks Metadata v5: it cannot read 129, so its connections are closed."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
 
     blue, green = blue_green
     create_topic(blue.bootstrap, "legacy")
@@ -194,31 +196,39 @@ def test_legacy_kafka_python_reconnects_and_continues(
     cfg = tmp_path / "kproxy.toml"
     cfg.write_text(f'upstream = "{blue.bootstrap}"\nlegacy_clients = "close"\n')
     with kproxy_process(None, tmp_path, "--config", str(cfg)) as kp:
-        # Not idempotent: tansu refuses a producer id it did not allocate (see above).
-        producer = KafkaProducer(bootstrap_servers=kp.bootstrap, acks="all", retries=20,
-                                 linger_ms=5, client_id="legacy-app",
-                                 enable_idempotence=False)
-        futures = []
+        sent: list[int] = []
+        errors: list[str] = []
 
-        def send_for(seconds: float) -> None:
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                futures.append(producer.send("legacy", str(len(futures)).encode()))
-                time.sleep(0.005)
+        async def scenario() -> None:
+            # Not idempotent: tansu refuses aiokafka's InitProducerId (see the README).
+            producer = AIOKafkaProducer(bootstrap_servers=kp.bootstrap, acks="all",
+                                        client_id="legacy-app", linger_ms=5,
+                                        request_timeout_ms=10000, retry_backoff_ms=200)
+            await producer.start()
 
-        send_for(3)
-        producer.flush(20)
-        cfg.write_text(f'upstream = "{green.bootstrap}"\nlegacy_clients = "close"\n')
-        kp.signal(signal.SIGHUP)
-        send_for(10)
-        producer.flush(30)
-        producer.close()
-        errors = [f.exception for f in futures if f.failed()]
+            async def send_for(seconds: float) -> None:
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    value = len(sent)
+                    try:
+                        await producer.send_and_wait("legacy", str(value).encode())
+                        sent.append(value)
+                    except Exception as exc:
+                        errors.append(repr(exc))
+                        sent.append(value)
+
+            await send_for(3)
+            cfg.write_text(f'upstream = "{green.bootstrap}"\nlegacy_clients = "close"\n')
+            kp.signal(signal.SIGHUP)
+            await send_for(10)
+            await producer.stop()
+
+        asyncio.run(scenario())
         assert not errors, f"{len(errors)} failed sends, e.g. {errors[:3]}"
         on_green = read_all(green.bootstrap, "legacy")
         on_blue = read_all(blue.bootstrap, "legacy")
         assert on_green, "the legacy client did not continue on green"
-        assert set(on_blue) | set(on_green) == set(range(len(futures)))
+        assert set(on_blue) | set(on_green) == set(sent)
         _, metrics = kp.http_get("/metrics")
         closed = re.search(r'kproxy_rebootstrap_total\{outcome="upstream_gone"\} (\S+)', metrics)
         assert closed and float(closed.group(1)) >= 1
