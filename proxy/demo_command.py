@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     args.upstream = broker.bootstrap
     if args.telemetry_default_interval_ms is None:  # show client metrics within seconds
         args.telemetry_default_interval_ms = "5000"
+    if args.archive_max_file_seconds is None:  # `make fleet-report` sees data within 30 s
+        args.archive_max_file_seconds = "30"
     cfg = config_mod.load_or_explain(args, "kproxy demo")
     if cfg is None:
         return 2
@@ -53,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
   health and metrics    : http://{http_host}:{http_port}/healthz  /readyz  /metrics
   client telemetry      : clients with KIP-714 telemetry (librdkafka's default) show up on
                           /metrics as org_apache_kafka_* within ~5 s of producing
+  archive               : {cfg.archive or "off"} (files complete every 30 s; then
+                          `make fleet-report` builds run/fleet-report/report.html)
 
   try:  {TRY_CLIENT.format(bootstrap=f"{host}:{port}")}
   Ctrl-C stops both.
