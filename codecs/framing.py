@@ -1,18 +1,24 @@
-"""Splitting a byte stream into Kafka's size-prefixed frames, sans-IO.
+"""Splitting a byte stream into Kafka's size-prefixed frames, sans-IO and without copying.
 
-Feed it whatever the socket returned; take out complete frames. The declared size
-is checked before any buffering, so a peer cannot make us hold more than
-``max_frame_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB by default).
+Feed it whatever the socket returned; take out complete frames. A frame that lies
+inside one received chunk is returned as a view of that chunk (no copy); only a
+frame that spans several chunks is assembled, once. Runs of frames that sit next to
+each other in the same chunk can be relayed as one slice (``Frame.extends``). The
+declared size is checked before any buffering, so a peer cannot make us hold more
+than ``max_frame_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB by default).
 """
 
 from __future__ import annotations
 
 import struct
+from collections import deque
 
 from kproxy.codecs.errors import CodecError
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 _SIZE = struct.Struct(">i")
+
+Buffer = bytes | bytearray
 
 
 class FrameTooLarge(CodecError):
@@ -23,51 +29,109 @@ class FrameTooLarge(CodecError):
         self.limit = limit
 
 
-class FrameReader:
-    """Accumulates bytes and yields complete frames (without their size prefix)."""
+class Frame:
+    """One frame: ``buf[start:end]`` is its wire form (size prefix included)."""
 
-    __slots__ = ("_buf", "_start", "max_frame_bytes")
+    __slots__ = ("buf", "end", "start")
+
+    def __init__(self, buf: Buffer, start: int, end: int) -> None:
+        self.buf = buf
+        self.start = start
+        self.end = end
+
+    @property
+    def wire(self) -> memoryview:
+        return memoryview(self.buf)[self.start : self.end]
+
+    @property
+    def body(self) -> memoryview:
+        return memoryview(self.buf)[self.start + 4 : self.end]
+
+    def __len__(self) -> int:
+        return self.end - self.start - 4
+
+    def extends(self, previous: Frame) -> bool:
+        """Whether this frame directly follows ``previous`` in the same buffer."""
+        return self.buf is previous.buf and self.start == previous.end
+
+
+class FrameReader:
+    """Accumulates received chunks and yields complete frames."""
+
+    __slots__ = ("_buffered", "_chunks", "_pos", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
-        self._start = 0
+        self._chunks: deque[Buffer] = deque()
+        self._pos = 0  # read position in the first chunk
+        self._buffered = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._buf += data
+        if data:
+            # Received chunks are never modified, so frames may be views into them.
+            self._chunks.append(data if isinstance(data, bytes) else bytes(data))
+            self._buffered += len(data)
 
     def buffered(self) -> int:
-        return len(self._buf) - self._start
+        return self._buffered
 
-    def next_frame(self) -> bytes | None:
-        """The next complete frame body, or None when more bytes are needed."""
-        buf = self._buf
-        start = self._start
-        if len(buf) - start < 4:
-            self._compact()
-            return None
-        (size,) = _SIZE.unpack_from(buf, start)
-        if size < 0 or size > self.max_frame_bytes:
-            raise FrameTooLarge(size, self.max_frame_bytes) if size >= 0 else CodecError(
-                f"negative frame size {size}", what="frame size", offset=0)
-        end = start + 4 + size
-        if len(buf) < end:
-            self._compact()
-            return None
-        frame = bytes(buf[start + 4 : end])
-        self._start = end
-        return frame
+    def _peek(self, n: int) -> bytes:
+        """The next ``n`` buffered bytes (only called for the 4-byte size)."""
+        head = self._chunks[0]
+        if len(head) - self._pos >= n:
+            return bytes(head[self._pos : self._pos + n])
+        out = bytearray(head[self._pos :])
+        for chunk in list(self._chunks)[1:]:
+            out += chunk[: n - len(out)]
+            if len(out) >= n:
+                break
+        return bytes(out)
 
-    def frames(self) -> list[bytes]:
-        out: list[bytes] = []
-        while (frame := self.next_frame()) is not None:
+    def next_wire(self) -> Frame | None:
+        """The next complete frame, or None when more bytes are needed."""
+        if self._buffered < 4:
+            return None
+        (size,) = _SIZE.unpack(self._peek(4))
+        if size < 0:
+            raise CodecError(f"negative frame size {size}", what="frame size", offset=0)
+        if size > self.max_frame_bytes:
+            raise FrameTooLarge(size, self.max_frame_bytes)
+        total = size + 4
+        if self._buffered < total:
+            return None
+        self._buffered -= total
+        head = self._chunks[0]
+        if len(head) - self._pos >= total:  # inside one chunk: a view, no copy
+            frame = Frame(head, self._pos, self._pos + total)
+            self._pos += total
+            if self._pos == len(head):
+                self._chunks.popleft()
+                self._pos = 0
+            return frame
+        out = bytearray()  # spans chunks: assemble it once
+        while len(out) < total:
+            head = self._chunks[0]
+            take = min(total - len(out), len(head) - self._pos)
+            out += memoryview(head)[self._pos : self._pos + take]
+            self._pos += take
+            if self._pos == len(head):
+                self._chunks.popleft()
+                self._pos = 0
+        return Frame(out, 0, total)
+
+    def wire_frames(self) -> list[Frame]:
+        out: list[Frame] = []
+        while (frame := self.next_wire()) is not None:
             out.append(frame)
         return out
 
-    def _compact(self) -> None:
-        if self._start:
-            del self._buf[: self._start]
-            self._start = 0
+    def next_frame(self) -> bytes | None:
+        """The next complete frame body as bytes (a copy), or None."""
+        frame = self.next_wire()
+        return None if frame is None else bytes(frame.body)
+
+    def frames(self) -> list[bytes]:
+        return [bytes(f.body) for f in self.wire_frames()]
 
 
 def frame(body: bytes | bytearray | memoryview) -> bytes:

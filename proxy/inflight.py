@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import Frame
 
 
 @dataclass(slots=True)
@@ -23,7 +24,7 @@ class Slot:
     api_version: int
     started: float
     upstream: bool  # answered by the broker (else by the proxy itself)
-    frame: bytes | None = None
+    wire: Frame | bytes | None = None  # the response as it goes out, size prefix included
     upstream_version: int = -1  # when the proxy sent another version upstream (Metadata)
 
 
@@ -62,8 +63,8 @@ class OrderedResponses:
         self._acks0_order.append(correlation_id)
 
     def answer_locally(self, correlation_id: int, api_key: int, api_version: int, now: float,
-                       frame: bytes) -> Slot:
-        slot = Slot(correlation_id, api_key, api_version, now, upstream=False, frame=frame)
+                       wire: bytes) -> Slot:
+        slot = Slot(correlation_id, api_key, api_version, now, upstream=False, wire=wire)
         self._slots.append(slot)
         return slot
 
@@ -92,7 +93,7 @@ class OrderedResponses:
     def pop_ready(self) -> list[Slot]:
         """Filled slots at the head, in order; stops at the first unfilled one."""
         out = []
-        while self._slots and self._slots[0].frame is not None:
+        while self._slots and self._slots[0].wire is not None:
             out.append(self._slots.popleft())
         return out
 

@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kproxy.codecs.api_keys import api_name
+
+
+@dataclass(frozen=True, slots=True)
+class ApiMetrics:
+    """The per-API children, looked up once: `labels()` on every frame is costly."""
+
+    requests: Any
+    request_bytes: Any
+    response_bytes: Any
+    latency: Any
 
 
 class ProxyMetrics:
+    def api(self, api_key: int) -> ApiMetrics:
+        found = self._per_api.get(api_key)
+        if found is None:
+            name = api_name(api_key)
+            found = self._per_api[api_key] = ApiMetrics(
+                self.requests.labels(name), self.request_bytes.labels(name),
+                self.response_bytes.labels(name), self.latency.labels(name))
+        return found
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._per_api: dict[int, ApiMetrics] = {}
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.connections_active = Gauge(

@@ -144,7 +144,8 @@ class ProxyContext:
 
     # ------------------------------------------------------------------ requests
 
-    def answer_locally(self, session: Session, peek: RequestPeek, frame: bytes) -> bytes | None:
+    def answer_locally(self, session: Session, peek: RequestPeek,
+                       frame: memoryview) -> bytes | None:
         if peek.api_key == api_keys.API_VERSIONS:
             too_new = api_versions_too_new(peek)
             if too_new is not None:
@@ -171,7 +172,8 @@ class ProxyContext:
             return downgrade_request(frame), BACKEND_VERSION
         return frame, peek.api_version
 
-    async def rewrite_response(self, session: Session, slot: Slot, frame: bytes) -> bytes:
+    async def rewrite_response(self, session: Session, slot: Slot,
+                               frame: memoryview) -> bytes | memoryview:
         if slot.api_key == api_keys.API_VERSIONS:
             return self._rewrite_api_versions(session, slot, frame)
         if slot.api_key == api_keys.METADATA:
@@ -180,7 +182,8 @@ class ProxyContext:
         await self.observe(result.seen, session)
         return result.frame if result.frame is not None else frame
 
-    async def _rewrite_metadata(self, session: Session, slot: Slot, frame: bytes) -> bytes:
+    async def _rewrite_metadata(self, session: Session, slot: Slot,
+                                frame: memoryview) -> bytes:
         resp = decode_response(frame, api_keys.METADATA, slot.upstream_version)
         seen = rewrite_metadata(resp.body, self.port_map)
         if session.topology_epoch is None:
@@ -207,7 +210,8 @@ class ProxyContext:
         return encode_response_parts(api_keys.METADATA, slot.api_version,
                                      resp.header.correlation_id, resp.body, resp.header.tagged)
 
-    def _rewrite_api_versions(self, session: Session, slot: Slot, frame: bytes) -> bytes:
+    def _rewrite_api_versions(self, session: Session, slot: Slot,
+                              frame: memoryview) -> bytes | memoryview:
         try:
             resp = decode_response(frame, slot.api_key, slot.api_version)
         except CodecError:

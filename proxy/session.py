@@ -22,7 +22,7 @@ import trio
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.framing import Frame, FrameReader
 from kproxy.codecs.peek import RequestPeek, peek_correlation_id, peek_request
 from kproxy.inflight import OrderedResponses, Slot
 from kproxy.policies.rewrite import carries_addresses
@@ -34,9 +34,10 @@ log = logging.getLogger("kproxy.session")
 _SIZE = struct.Struct(">i")
 RECV_BYTES = 256 * 1024
 
-# A handler returns the response frame body to send (header included, no size
-# prefix), or None to let the request go upstream.
-LocalHandler = Callable[["Session", RequestPeek, bytes], bytes | None]
+# A handler gets the request body (a view: header included, no size prefix) and
+# returns the response body to send (header included, no size prefix), or None to
+# let the request go upstream.
+LocalHandler = Callable[["Session", RequestPeek, memoryview], bytes | None]
 
 
 class SessionClosed(Exception):
@@ -162,59 +163,60 @@ class Session:
         self.close()
 
     async def _handle_requests(self, reader: FrameReader) -> None:
-        out: list[bytes] = []
+        out: list[Frame | bytes] = []  # what goes upstream, in order
         answered_locally = False
         try:
-            frames = reader.frames()
+            frames = reader.wire_frames()
         except CodecError as exc:
             self.ctx.decode_error("request", "frame", exc, self)
             raise SessionClosed(str(exc)) from None
         for frame in frames:
+            body = frame.body
             try:
-                peek = peek_request(frame)
+                peek = peek_request(body)
             except CodecError as exc:
                 self.ctx.decode_error("request", "header", exc, self)
                 raise SessionClosed(str(exc)) from None
-            name = api_keys.api_name(peek.api_key)
-            self.ctx.metrics.requests.labels(name).inc()
-            self.ctx.metrics.request_bytes.labels(name).inc(len(frame) + 4)
-            self.bytes_in += len(frame) + 4
+            api = self.ctx.metrics.api(peek.api_key)
+            api.requests.inc()
+            api.request_bytes.inc(len(body) + 4)
+            self.bytes_in += len(body) + 4
             if self.api_versions_used.get(peek.api_key, -1) < peek.api_version:
                 self.api_versions_used[peek.api_key] = peek.api_version
             if peek.client_id is not None:
                 self.info.client_id = peek.client_id
             try:
-                local = self.ctx.answer_locally(self, peek, frame)
+                local = self.ctx.answer_locally(self, peek, body)
             except CodecError as exc:  # a broker closes the connection on such a request
-                self.ctx.decode_error("request", name, exc, self)
+                self.ctx.decode_error("request", api_keys.api_name(peek.api_key), exc, self)
                 raise SessionClosed(str(exc)) from None
             now = time.monotonic()
             if local is not None:
                 self.ordered.answer_locally(peek.correlation_id, peek.api_key, peek.api_version,
-                                            now, local)
+                                            now, _SIZE.pack(len(local)) + local)
                 answered_locally = True
                 continue
+            upstream_version = peek.api_version
             if peek.api_key == api_keys.METADATA:
                 self.metadata_version = peek.api_version
-                frame, upstream_version = self.ctx.bridge_metadata_request(self, peek, frame)
+                sent, upstream_version = self.ctx.bridge_metadata_request(self, peek, bytes(body))
+                out.append(_SIZE.pack(len(sent)) + sent)
             else:
-                upstream_version = peek.api_version
+                out.append(frame)  # relayed as received: a view, not a copy
             if peek.expects_response:
                 slot = self.ordered.expect_upstream(peek.correlation_id, peek.api_key,
                                                     peek.api_version, now)
                 slot.upstream_version = upstream_version
             else:
                 self.ordered.expect_nothing(peek.correlation_id)
-            out.append(_SIZE.pack(len(frame)))
-            out.append(frame)
             if len(self.ordered) >= self.ctx.config.max_inflight:
                 # Backpressure: send what we have, then stop reading this client
                 # until responses drain.
-                await self._send(self._upstream(), b"".join(out))
-                out.clear()
+                await self._send(self._upstream(), out)
+                out = []
                 await self._wait_for_room()
         if out:
-            await self._send(self._upstream(), b"".join(out))
+            await self._send(self._upstream(), out)
         if answered_locally:
             await self._flush()
 
@@ -240,22 +242,24 @@ class Session:
                 raise SessionClosed("upstream closed the connection")
             reader.feed(data)
             try:
-                frames = reader.frames()
-                for frame in frames:
-                    slot = self.ordered.next_upstream(peek_correlation_id(frame))
+                for frame in reader.wire_frames():
+                    slot = self.ordered.next_upstream(peek_correlation_id(frame.body))
                     if slot is None:
                         self.ctx.metrics.stray_responses.inc()
                         continue
-                    slot.frame = await self._process_response(slot, frame)
+                    slot.wire = await self._process_response(slot, frame)
             except CodecError as exc:
                 self.ctx.decode_error("response", "frame", exc, self)
                 raise SessionClosed(str(exc)) from None
             await self._flush()
 
-    async def _process_response(self, slot: Slot, frame: bytes) -> bytes:
+    async def _process_response(self, slot: Slot, frame: Frame) -> Frame | bytes:
         if slot.api_key == api_keys.API_VERSIONS or carries_addresses(slot.api_key,
                                                                       slot.api_version):
-            return await self.ctx.rewrite_response(self, slot, frame)
+            body = frame.body
+            new = await self.ctx.rewrite_response(self, slot, body)
+            if new is not body:
+                return _SIZE.pack(len(new)) + bytes(new)
         return frame
 
     async def _flush(self) -> None:
@@ -264,29 +268,71 @@ class Session:
             if not ready:
                 return
             now = time.monotonic()
-            parts: list[bytes] = []
-            m = self.ctx.metrics
+            metrics = self.ctx.metrics
+            parts: list[Frame | bytes] = []
             for slot in ready:
-                assert slot.frame is not None
-                parts.append(_SIZE.pack(len(slot.frame)))
-                parts.append(slot.frame)
-                name = api_keys.api_name(slot.api_key)
-                m.latency.labels(name).observe(now - slot.started)
-                m.response_bytes.labels(name).inc(len(slot.frame) + 4)
-                self.bytes_out += len(slot.frame) + 4
-            await self._send(self.client, b"".join(parts))
+                assert slot.wire is not None
+                parts.append(slot.wire)
+                size = len(slot.wire) + 4 if isinstance(slot.wire, Frame) else len(slot.wire)
+                api = metrics.api(slot.api_key)
+                api.latency.observe(now - slot.started)
+                api.response_bytes.inc(size)
+                self.bytes_out += size
+            await self._send(self.client, parts)
             self._room.set()
             if self.close_after_flush:
                 raise SessionClosed("closed after its last response, as the legacy-client "
                                     "policy asks")
 
-    async def _send(self, stream: trio.abc.Stream, data: bytes) -> None:
-        """Write all of ``data`` or end the session; cancellation never splits a frame."""
+    async def _send(self, stream: trio.abc.Stream, parts: list[Frame | bytes]) -> None:
+        """Write every part or end the session; cancellation never splits a frame."""
         with trio.CancelScope(shield=True), trio.move_on_after(
                 self.ctx.config.write_timeout) as timeout:
-            await stream.send_all(data)
+            for buf in coalesce(parts):
+                await stream.send_all(buf)
         if timeout.cancelled_caught:
             raise SessionClosed("write timed out")
+
+
+SMALL = 64 * 1024
+
+
+def coalesce(parts: list[Frame | bytes]) -> list[bytes | memoryview]:
+    """As few buffers as possible, copying little.
+
+    Frames that follow each other in the buffer they were received in become one
+    slice of it; small pieces are joined into one write; large ones go as they are.
+    """
+    slices: list[bytes | memoryview] = []
+    run: tuple[Frame, Frame] | None = None  # first and last frame of a contiguous run
+    for part in parts:
+        if isinstance(part, Frame):
+            if run is not None and part.extends(run[1]):
+                run = (run[0], part)
+                continue
+            if run is not None:
+                slices.append(memoryview(run[0].buf)[run[0].start : run[1].end])
+            run = (part, part)
+        else:
+            if run is not None:
+                slices.append(memoryview(run[0].buf)[run[0].start : run[1].end])
+                run = None
+            slices.append(part)
+    if run is not None:
+        slices.append(memoryview(run[0].buf)[run[0].start : run[1].end])
+    out: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = []
+    for buf in slices:
+        if len(buf) < SMALL:
+            small.append(buf)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(buf)
+    if small:
+        out.append(small[0] if len(small) == 1 else b"".join(small))
+    return out
 
 
 def _peer(stream: trio.SocketStream) -> tuple[str, int]:

@@ -76,7 +76,7 @@ class TelemetryService:
                 "client_source_address": info.source_address,
                 "client_source_port": str(info.source_port)}
 
-    def handle_get(self, session: Session, peek: RequestPeek, frame: bytes) -> bytes:
+    def handle_get(self, session: Session, peek: RequestPeek, frame: memoryview) -> bytes:
         body = decode_request(frame).body
         result = self.state.get_subscriptions(body["client_instance_id"],
                                               self.attributes(session), self.clock_ms())
@@ -98,7 +98,7 @@ class TelemetryService:
         return encode_response_parts(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, peek.api_version,
                                      peek.correlation_id, reply)
 
-    def handle_push(self, session: Session, peek: RequestPeek, frame: bytes) -> bytes:
+    def handle_push(self, session: Session, peek: RequestPeek, frame: memoryview) -> bytes:
         body = decode_request(frame).body
         result = self.state.push(body["client_instance_id"], body["subscription_id"],
                                  body["terminating"], body["compression_type"], body["metrics"],

@@ -179,15 +179,15 @@ def test_ordered_responses_release_strictly_in_order() -> None:
     assert q.pop_ready() == []  # the local answer waits behind request 1
     first = q.next_upstream(1)
     assert first is not None
-    first.frame = b"up-1"
+    first.wire = b"up-1"
     assert [s.correlation_id for s in q.pop_ready()] == [1, 2]
     with pytest.raises(CodecError, match="does not match"):
         q.next_upstream(9)
     q.expect_nothing(4)  # an acks=0 request: a broker that answers it anyway is ignored
     assert q.next_upstream(4) is None and q.stray_discarded == 1
-    assert q.next_upstream(3) is s3 and s1.frame == b"up-1"
-    s3.frame = b"up-3"
-    assert [s.frame for s in q.pop_ready()] == [b"up-3"]
+    assert q.next_upstream(3) is s3 and s1.wire == b"up-1"
+    s3.wire = b"up-3"
+    assert [s.wire for s in q.pop_ready()] == [b"up-3"]
     with pytest.raises(CodecError, match="no request is waiting"):
         q.next_upstream(5)
 
