@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline
+.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(DEV): pyproject.toml | $(BIN)/python
 run: $(DEV)
 	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP) --archive run/archive
 
-test: $(DEV) lint test-tools
+test: $(DEV) lint test-tools bench-tools
 	$(BIN)/python -m pytest -q
 
 # System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy.
@@ -65,6 +65,15 @@ bench-pipeline: $(DEV)
 	$(BIN)/python tests/bench/generate_archive.py $(BENCH_ARCHIVE)
 	/usr/bin/time -f "kproxy-fleet wall time: %e s, peak RSS %M KiB" \
 	  $(BIN)/kproxy-fleet $(BENCH_ARCHIVE) --out $(BENCH_ARCHIVE)-report
+
+# Side by side: direct, kproxy, tansu proxy, haproxy (TCP). Writes docs/benchmarks.md.
+bench: $(DEV) bench-tools
+	$(BIN)/python tests/bench/run_bench.py
+
+bench-tools:
+	@command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || { \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -59,8 +59,12 @@ class ArrayOf:
     item: FieldType
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Struct:
+    """Compared and hashed by identity: each struct is defined once, and the interpreter
+    looks up its per-version plan on every decode, where hashing the whole tree would
+    cost more than the decode itself."""
+
     name: str
     fields: tuple[Field, ...]
 

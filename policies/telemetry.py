@@ -43,6 +43,7 @@ COMPRESSION_NAMES = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 DEFAULT_INTERVAL_MS = 300_000
 MIN_INTERVAL_MS, MAX_INTERVAL_MS = 100, 3_600_000
 ALL_METRICS = "*"
+EXPIRY_SWEEP_MS = 1000
 
 
 class PolicyError(ValueError):
@@ -180,6 +181,7 @@ class TelemetryState:
         self.instances: OrderedDict[uuid.UUID, ClientInstance] = OrderedDict()
         self._new_id = new_instance_id
         self._on_forget = on_forget
+        self._swept_at: int | None = None
 
     def reconfigure(self, settings: TelemetrySettings) -> None:
         """New subscriptions: every instance gets a fresh subscription on its next request."""
@@ -190,6 +192,7 @@ class TelemetryState:
     def expire(self, now: int) -> int:
         gone = [i for i, inst in self.instances.items()
                 if now - inst.last_seen_ms > inst.expires_after_ms]
+        self._swept_at = now
         for instance_id in gone:
             self._forget(instance_id)
         return len(gone)
@@ -214,9 +217,14 @@ class TelemetryState:
             self._forget(next(iter(self.instances)))
         return inst
 
+    def _maybe_expire(self, now: int) -> None:
+        """Sweep at most once a second: a sweep visits every instance, a request one."""
+        if self._swept_at is None or now - self._swept_at >= EXPIRY_SWEEP_MS:
+            self.expire(now)
+
     def get_subscriptions(self, instance_id: uuid.UUID, attrs: dict[str, str],
                           now: int) -> GetResult:
-        self.expire(now)
+        self._maybe_expire(now)
         if instance_id.int == 0:
             instance_id = self._new_id()
         inst = self._instance(instance_id, attrs, now)
@@ -229,7 +237,7 @@ class TelemetryState:
     def push(self, instance_id: uuid.UUID, subscription_id: int, terminating: bool,
              compression_type: int, payload: bytes | None, attrs: dict[str, str],
              now: int) -> PushResult:
-        self.expire(now)
+        self._maybe_expire(now)
         if instance_id.int == 0:
             return PushResult(INVALID_REQUEST, detail="zero client instance id")
         inst = self._instance(instance_id, attrs, now)

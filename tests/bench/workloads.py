@@ -1,0 +1,167 @@
+"""One benchmark workload, run in its own process so it never shares a core's
+accounting with the proxy under test. Prints one JSON object.
+
+    python tests/bench/workloads.py WORKLOAD BOOTSTRAP [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import time
+
+
+def produce(bootstrap: str, topic: str, count: int, size: int) -> dict[str, float]:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1,
+                  "queue.buffering.max.messages": 2_000_000,
+                  "queue.buffering.max.kbytes": 2_000_000, "enable.metrics.push": True})
+    value = b"x" * size
+    p.produce(topic, value)
+    assert p.flush(30) == 0
+    failures = 0
+
+    def report(err: object, _msg: object) -> None:
+        nonlocal failures
+        failures += err is not None
+
+    t0 = time.perf_counter()
+    for i in range(count):
+        while True:
+            try:
+                p.produce(topic, value, on_delivery=report)
+                break
+            except BufferError:
+                p.poll(0.001)
+        if i % 5000 == 0:
+            p.poll(0)
+    assert p.flush(120) == 0
+    dt = time.perf_counter() - t0
+    return {"mb_s": count * size / dt / 1e6, "msgs_s": count / dt, "failures": failures,
+            "seconds": dt}
+
+
+def consume(bootstrap: str, topic: str, expect: int) -> dict[str, float]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                  "enable.partition.eof": True, "enable.auto.commit": False,
+                  "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = nbytes = 0
+    t0 = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        msgs = c.consume(10000, timeout=1.0)
+        for m in msgs:
+            if m.error():
+                deadline = 0  # partition EOF: read to the end
+                continue
+            if t0 is None:
+                t0 = time.perf_counter()
+            got += 1
+            nbytes += len(m.value())
+    dt = time.perf_counter() - (t0 or time.perf_counter())
+    c.close()
+    return {"mb_s": nbytes / dt / 1e6 if dt else 0.0, "messages": got,
+            "complete": got >= expect, "seconds": dt}
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, int(p * len(s)))] * 1000
+
+    return {"p50_ms": q(0.50), "p99_ms": q(0.99), "p999_ms": q(0.999), "n": len(s)}
+
+
+def produce_latency(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, float]:
+    """acks=1 single-message produce at a fixed rate: time to the delivery report."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
+    p.produce(topic, b"warm")
+    p.flush(30)
+    samples: list[float] = []
+    sent: dict[int, float] = {}
+
+    def report(err: object, msg: object) -> None:
+        if err is None:
+            samples.append(time.perf_counter() - sent[int(msg.value())])  # type: ignore[attr-defined]
+
+    start = time.perf_counter()
+    total = int(rate * seconds)
+    for i in range(total):
+        due = start + i / rate
+        while (now := time.perf_counter()) < due:
+            p.poll(min(0.0005, due - now))
+        sent[i] = time.perf_counter()
+        p.produce(topic, str(i).encode(), on_delivery=report)
+        p.poll(0)
+    p.flush(30)
+    return percentiles(samples)
+
+
+def metadata_latency(bootstrap: str, rate: int, seconds: float) -> dict[str, float]:
+    """Metadata v4 round trips on one connection at a fixed rate."""
+    host, port = bootstrap.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def request(cid: int) -> None:
+        body = struct.pack(">hhih", 3, 4, cid, 5) + b"bench" + struct.pack(">i", 0) + b"\x00"
+        s.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", _read(s, 4))[0]
+        _read(s, size)
+
+    request(0)
+    samples = []
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        due = start + i / rate
+        if (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait)  # sleep, not spin: the client must not take a core from the path
+        t = time.perf_counter()
+        request(i + 1)
+        samples.append(time.perf_counter() - t)
+    s.close()
+    return percentiles(samples)
+
+
+def _read(s: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return bytes(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workload")
+    parser.add_argument("bootstrap")
+    parser.add_argument("--topic", default="bench")
+    parser.add_argument("--count", type=int, default=50_000)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    a = parser.parse_args()
+    if a.workload == "produce":
+        out = produce(a.bootstrap, a.topic, a.count, a.size)
+    elif a.workload == "consume":
+        out = consume(a.bootstrap, a.topic, a.count)
+    elif a.workload == "produce_latency":
+        out = produce_latency(a.bootstrap, a.topic, a.rate, a.seconds)
+    else:
+        out = metadata_latency(a.bootstrap, a.rate, a.seconds)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
