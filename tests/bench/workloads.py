@@ -115,8 +115,8 @@ def metadata_latency(bootstrap: str, rate: int, seconds: float) -> dict[str, flo
     def request(cid: int) -> None:
         body = struct.pack(">hhih", 3, 4, cid, 5) + b"bench" + struct.pack(">i", 0) + b"\x00"
         s.sendall(struct.pack(">i", len(body)) + body)
-        size = struct.unpack(">i", _read(s, 4))[0]
-        _read(s, size)
+        size = struct.unpack(">i", read_exactly(s, 4))[0]
+        read_exactly(s, size)
 
     request(0)
     samples = []
@@ -132,7 +132,7 @@ def metadata_latency(bootstrap: str, rate: int, seconds: float) -> dict[str, flo
     return percentiles(samples)
 
 
-def _read(s: socket.socket, n: int) -> bytes:
+def read_exactly(s: socket.socket, n: int) -> bytes:
     out = bytearray()
     while len(out) < n:
         chunk = s.recv(n - len(out))
