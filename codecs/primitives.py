@@ -241,9 +241,3 @@ class Writer:
 
     def array_length(self, n: int | None, compact: bool) -> None:
         self._length(-1 if n is None else n, compact, wide=True)
-
-
-def uvarint_bytes(v: int) -> bytes:
-    w = Writer()
-    w.uvarint(v)
-    return w.getvalue()

@@ -93,12 +93,6 @@ def parse_non_negative_seconds(text: str | float) -> float:
     return value
 
 
-def parse_optional_int(text: str | int | None) -> int | None:
-    if text in (None, ""):
-        return None
-    return int(str(text))
-
-
 def parse_bool(text: str | bool) -> bool:
     if isinstance(text, bool):
         return text

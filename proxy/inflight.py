@@ -96,6 +96,3 @@ class OrderedResponses:
         while self._slots and self._slots[0].wire is not None:
             out.append(self._slots.popleft())
         return out
-
-    def upstream_pending(self) -> int:
-        return len(self._awaiting_upstream)
