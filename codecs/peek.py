@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kproxy.codecs.api_keys import PRODUCE, is_flexible
+from kproxy.codecs.api_keys import PRODUCE, api_name, is_flexible
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.headers import read_request_header
+from kproxy.codecs.headers import read_request_header, read_response_header
 from kproxy.codecs.primitives import Reader
 
 
@@ -55,3 +55,18 @@ def produce_acks(r: Reader, api_version: int) -> int:
 def peek_correlation_id(frame: bytes | bytearray | memoryview) -> int:
     """The correlation id that opens every response header."""
     return Reader(frame).int32()
+
+
+def peek_response_error(frame: bytes | bytearray | memoryview, api_key: int,
+                        api_version: int) -> int:
+    """The ErrorCode that opens a response body (SaslAuthenticate, SaslHandshake, ...).
+
+    Reads the header and one int16, nothing after it: for SaslAuthenticate that
+    keeps the authentication bytes that follow out of the proxy's hands entirely.
+    """
+    r = Reader(frame)
+    read_response_header(r, api_key, api_version)
+    try:
+        return r.int16()
+    except CodecError as exc:
+        raise exc.within(f"{api_name(api_key)}Response.error_code") from None

@@ -38,22 +38,22 @@ class Seen:
 
 
 def _map(node_id: int, host: str, port: int, rack: str | None, pm: PortMap,
-         seen: Seen) -> int | None:
-    """Record a backend node and return its proxy port, or None when out of range."""
+         seen: Seen) -> tuple[str, int] | None:
+    """Record a backend node and return its proxy address, or None when out of range."""
     seen.nodes[node_id] = BrokerAddress(host, port, rack)
-    proxy_port = pm.advertised_port(node_id)
-    if proxy_port is None:
+    address = pm.advertised(node_id)
+    if address is None:
         seen.out_of_range.add(node_id)
-    return proxy_port
+    return address
 
 
 def rewrite_broker_list(brokers: list[Body], pm: PortMap, seen: Seen,
                         id_key: str = "node_id") -> list[Body]:
     kept = []
     for b in brokers:
-        port = _map(b[id_key], b["host"], b["port"], b.get("rack"), pm, seen)
-        if port is not None:
-            kept.append({**b, "host": pm.advertised_host, "port": port})
+        address = _map(b[id_key], b["host"], b["port"], b.get("rack"), pm, seen)
+        if address is not None:
+            kept.append({**b, "host": address[0], "port": address[1]})
     return kept
 
 
@@ -72,14 +72,14 @@ def rewrite_describe_cluster(body: Body, pm: PortMap) -> Seen:
 def _rewrite_coordinator(c: Body, pm: PortMap, seen: Seen) -> None:
     if c["error_code"] != 0 or c["node_id"] < 0:
         return
-    port = _map(c["node_id"], c["host"], c["port"], None, pm, seen)
-    if port is None:
+    address = _map(c["node_id"], c["host"], c["port"], None, pm, seen)
+    if address is None:
         # Unreachable through this proxy: the client retries FindCoordinator later.
         c.update(error_code=COORDINATOR_NOT_AVAILABLE, node_id=-1, host="", port=-1)
         if "error_message" in c:
             c["error_message"] = "coordinator is outside the proxy's node id range"
     else:
-        c.update(host=pm.advertised_host, port=port)
+        c.update(host=address[0], port=address[1])
 
 
 def rewrite_find_coordinator(body: Body, api_version: int, pm: PortMap) -> Seen:

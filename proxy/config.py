@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.codecs.framing import DEFAULT_MAX_FRAME_BYTES
-from kproxy.policies.addressing import PortMap
+from kproxy.policies.addressing import PortMap, SniNames
 from kproxy.policies.telemetry import (
     ALL_METRICS,
     COMPRESSION_NAMES,
@@ -206,6 +206,61 @@ OPTIONS: tuple[Option, ...] = (
            "on SIGTERM, how long in-flight requests may take to finish", "SECONDS"),
 )
 
+# Limits: each hit is counted in kproxy_limit_hits{limit=NAME} and logged at most once
+# per interval. Defaults follow the broker's own where it has one.
+LIMIT_OPTIONS: tuple[Option, ...] = (
+    Option("max_connections", parse_positive_int, 10_000,
+           "client connections open at once, over all listeners; more are closed at accept "
+           "(Kafka's max.connections)", "N"),
+    Option("max_connections_per_source", parse_positive_int, 1_000,
+           "client connections open at once from one source address "
+           "(Kafka's max.connections.per.ip)", "N"),
+    Option("idle_timeout", parse_non_negative_seconds, 600.0,
+           "close a client connection with no request in flight and no complete frame either "
+           "way for this long (Kafka's connections.max.idle.ms); 0 turns it off", "SECONDS"),
+    Option("first_request_timeout", parse_seconds, 10.0,
+           "a new connection must deliver its first complete request within this time "
+           "(after the TLS handshake), or it is closed: a slowloris guard", "SECONDS"),
+    Option("tls_handshake_timeout", parse_seconds, 10.0,
+           "longest a client's TLS handshake may take", "SECONDS"),
+)
+
+# TLS towards clients (terminate) and towards brokers (originate), SNI routing, SASL.
+SECURITY_OPTIONS: tuple[Option, ...] = (
+    Option("tls_cert", str, None,
+           "PEM certificate chain the client-facing listeners present; setting it turns "
+           "TLS on for every client listener", "FILE"),
+    Option("tls_key", str, None, "PEM private key of --tls-cert", "FILE"),
+    Option("tls_client_ca", str, None,
+           "PEM bundle of the CAs whose client certificates are accepted (mTLS)", "FILE"),
+    Option("tls_client_auth", parse_choice("none", "optional", "required"), "none",
+           "client certificate check: none, optional (verified when sent) or required",
+           "none|optional|required"),
+    Option("sni_host_pattern", str, None,
+           "route by TLS SNI instead of a port per broker: one TLS port (--listen); a "
+           "client reaching host name PATTERN with {node_id} filled in reaches that broker, "
+           "any other name the bootstrap servers; e.g. broker-{node_id}.kafka.example.com",
+           "PATTERN"),
+    Option("sni_advertised_port", parse_positive_int, None,
+           "with --sni-host-pattern, the port written into rewritten responses (default: "
+           "the listen port)", "PORT"),
+    Option("upstream_tls", parse_bool, False, "connect to the brokers with TLS", "on|off"),
+    Option("upstream_tls_ca", str, None,
+           "PEM bundle that verifies the brokers' certificates (default: the system's)",
+           "FILE"),
+    Option("upstream_tls_verify_hostname", parse_bool, True,
+           "check that a broker's certificate names the host the proxy connected to",
+           "on|off"),
+    Option("upstream_tls_cert", str, None,
+           "PEM client certificate the proxy presents to brokers that require mTLS", "FILE"),
+    Option("upstream_tls_key", str, None, "PEM private key of --upstream-tls-cert", "FILE"),
+    Option("require_sasl", parse_bool, False,
+           "the brokers require SASL: requests the proxy answers itself (telemetry) on a "
+           "connection that has not authenticated are refused as a broker refuses them, by "
+           "closing the connection", "on|off"),
+)
+OPTIONS = OPTIONS + LIMIT_OPTIONS + SECURITY_OPTIONS
+
 def _telemetry(name: str, parse: Callable[[Any], Any], default: Any, help_: str,
                metavar: str = "") -> Option:
     key = name.removeprefix("telemetry_") if name != "telemetry" else "enabled"
@@ -275,13 +330,33 @@ class Config:
     admin: bool
     drain_timeout: float
     telemetry: TelemetryConfig
+    max_connections: int = 10_000
+    max_connections_per_source: int = 1_000
+    idle_timeout: float = 600.0
+    first_request_timeout: float = 10.0
+    tls_handshake_timeout: float = 10.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    tls_client_auth: str = "none"
+    sni_host_pattern: str | None = None
+    sni_advertised_port: int | None = None
+    upstream_tls: bool = False
+    upstream_tls_ca: str | None = None
+    upstream_tls_verify_hostname: bool = True
+    upstream_tls_cert: str | None = None
+    upstream_tls_key: str | None = None
+    require_sasl: bool = False
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
     @property
     def port_map(self) -> PortMap:
+        sni = None
+        if self.sni_host_pattern:
+            sni = SniNames(self.sni_host_pattern, self.sni_advertised_port or self.listen[1])
         return PortMap(self.advertised_host, self.broker_port_base, self.broker_bind_port_base,
-                       *self.node_id_range)
+                       *self.node_id_range, sni=sni)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -410,7 +485,9 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         archive_queue_records=v["archive_queue_records"], legacy_clients=v["legacy_clients"],
         admin=v["admin"], drain_timeout=v["drain_timeout"],
         telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
+        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS},
     )
+    _check_security(cfg)
     try:
         pm = cfg.port_map
     except ValueError as exc:
@@ -422,3 +499,22 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
             raise ConfigError(f"{name}: port {port} falls inside the broker port range "
                               f"{first_port}-{last_port}")
     return cfg
+
+
+def _check_security(cfg: Config) -> None:
+    """Options that only make sense together; the files themselves are read at start."""
+    pairs = (("tls_cert", "tls_key"), ("upstream_tls_cert", "upstream_tls_key"))
+    for cert, key in pairs:
+        if bool(getattr(cfg, cert)) != bool(getattr(cfg, key)):
+            raise ConfigError(f"{cert} and {key}: set both or neither")
+    if cfg.tls_client_auth != "none" and not (cfg.tls_cert and cfg.tls_client_ca):
+        raise ConfigError("tls_client_auth: needs tls_cert and tls_client_ca")
+    if cfg.upstream_tls_ca and not cfg.upstream_tls:
+        raise ConfigError("upstream_tls_ca: set upstream_tls = on as well")
+    if cfg.sni_host_pattern:
+        if not cfg.tls_cert:
+            raise ConfigError("sni_host_pattern: SNI routing needs TLS (tls_cert, tls_key)")
+        try:
+            SniNames(cfg.sni_host_pattern, 1)
+        except ValueError as exc:
+            raise ConfigError(f"sni_host_pattern: {exc}") from None

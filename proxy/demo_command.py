@@ -48,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     host, port = cfg.listen
     http_host, http_port = cfg.http
+    broker_host, broker_port = cfg.port_map.advertised(111) or ("?", 0)
     print(f"""
   embedded tansu broker : {broker.bootstrap} (in-memory; node id 111)
   kproxy bootstrap      : {host}:{port}   <- give clients bootstrap.servers={host}:{port}
-  broker 111 via proxy  : {cfg.advertised_host}:{cfg.port_map.advertised_port(111)}
+  broker 111 via proxy  : {broker_host}:{broker_port}
   health and metrics    : http://{http_host}:{http_port}/healthz  /readyz  /metrics
   client telemetry      : clients with KIP-714 telemetry (librdkafka's default) show up on
                           /metrics as org_apache_kafka_* within ~5 s of producing

@@ -56,6 +56,7 @@ class TansuBroker:
     advertised: str | None = None  # host:port written into metadata; default: the listener
     log_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)  # e.g. ["--authentication"]
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -72,6 +73,7 @@ class TansuBroker:
             "--listener-url", url,
             "--advertised-listener-url", f"tcp://{self.advertised}" if self.advertised else url,
             "--storage-engine", self.storage,
+            *self.extra_args,
         ]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn"), **self.extra_env}

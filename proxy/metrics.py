@@ -86,6 +86,14 @@ class ProxyMetrics:
             "injected (REBOOTSTRAP_REQUIRED in Metadata v13+), legacy_closed, legacy_ignored, "
             "upstream_gone (connection to a backend that left, closed)", ["outcome"],
             registry=r)
+        self.tls_handshake_failures = Counter(
+            "kproxy_tls_handshake_failures", "Client TLS handshakes that failed or timed out",
+            ["listener"], registry=r)
+        self.unauthenticated = Counter(
+            "kproxy_unauthenticated_requests", "Connections closed for a request the proxy "
+            "answers itself (telemetry) arriving before SASL authentication, by API",
+            ["api"], registry=r)
         self.limits_hit = Counter(
-            "kproxy_limit_hits", "Requests or connections refused by a configured limit",
+            "kproxy_limit_hits", "Configured limits reached: connections refused, sessions "
+            "closed by a timeout or an oversized frame, clients paused by max_inflight",
             ["limit"], registry=r)

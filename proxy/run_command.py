@@ -29,7 +29,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
     try:
-        trio.run(Proxy(cfg, reload_config=lambda: config_mod.load(args)).run)
+        proxy = Proxy(cfg, reload_config=lambda: config_mod.load(args))
+    except config_mod.ConfigError as exc:  # e.g. a certificate that cannot be read
+        print(f"kproxy run: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(proxy.run)
     except OSError as exc:  # typically a port already in use
         print(f"kproxy run: error: {exc}", file=sys.stderr)
         return 1

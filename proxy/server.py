@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from kproxy.archive import KINDS, ArchiveSettings, ArchiveWriter
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import FrameTooLarge
 from kproxy.codecs.messages import (
     decode_request,
     decode_response,
@@ -54,8 +55,9 @@ from kproxy.policies.metadata_bridge import (
 from kproxy.policies.rebootstrap import REBOOTSTRAP_REQUIRED, Action, RebootstrapPolicy
 from kproxy.policies.rewrite import Seen, rewrite_metadata, rewrite_response_frame
 from kproxy.policies.topology import BackendView, Change
-from kproxy.session import LocalHandler, Session
+from kproxy.session import LocalHandler, Session, SessionClosed, peer_of
 from kproxy.telemetry import TelemetryService
+from kproxy.tls import HandshakeFailed, accept_tls, server_context, upstream_context
 from kproxy.upstream import BootstrapRotation, UpstreamUnavailable, connect
 
 log = logging.getLogger("kproxy")
@@ -67,7 +69,8 @@ class ProxyContext:
         self.port_map = config.port_map
         self.metrics = metrics
         self.view = BackendView()
-        self.rotation = BootstrapRotation(config.upstream)
+        self.upstream_tls = upstream_context(config)
+        self.rotation = BootstrapRotation(config.upstream, self.upstream_tls)
         self.local_handlers: dict[int, LocalHandler] = {}
         # APIs the proxy serves itself, advertised in ApiVersions: key -> (min, max).
         self.served_apis: dict[int, tuple[int, int]] = {}
@@ -95,7 +98,7 @@ class ProxyContext:
                                             "known broker")])
             session.upstream_address = (addr.host, addr.port)
             try:
-                return await connect(addr.host, addr.port, timeout)
+                return await connect(addr.host, addr.port, timeout, self.upstream_tls)
             except trio.TooSlowError:
                 raise UpstreamUnavailable([((addr.host, addr.port),
                                             f"no answer within {timeout:g}s")]) from None
@@ -136,7 +139,15 @@ class ProxyContext:
                      "backend connection lost; closing the client connection",
                      listener=session.listener, reason=reason)
 
+    def limit_hit(self, limit: str, msg: str, session: Session) -> None:
+        """Count a limit reached by a session; log it at most once per interval."""
+        self.metrics.limits_hit.labels(limit).inc()
+        self.ratelog(logging.INFO, f"limit:{limit}", msg, limit=limit, **session._fields())
+
     def decode_error(self, side: str, what: str, exc: CodecError, session: Session) -> None:
+        if isinstance(exc, FrameTooLarge):
+            self.limit_hit("max_frame_bytes", f"{side} frame over max_frame_bytes; "
+                           "connection closed", session)
         self.metrics.decode_errors.labels(what, side).inc()
         self.ratelog(logging.WARNING, f"decode:{side}:{what}",
                      f"undecodable {side}; closing the connection", error=str(exc),
@@ -157,8 +168,26 @@ class ProxyContext:
                     session.info.software_version = body.get("client_software_version")
                 except CodecError as exc:  # the broker will answer it with an error
                     log.debug("unreadable ApiVersions request: %s", exc)
+        elif peek.api_key == api_keys.SASL_HANDSHAKE and peek.api_version == 0:
+            # v0 is followed by raw SASL tokens that are not Kafka requests; a proxy
+            # that reads request headers cannot follow them.
+            self.ratelog(logging.WARNING, "sasl-v0", "SaslHandshake v0 (raw SASL tokens) "
+                         "is not supported; the client must use SaslHandshake v1 and "
+                         "SaslAuthenticate (Kafka 1.0+ clients do)", **session._fields())
+            raise SessionClosed("SaslHandshake v0")
         handler = self.local_handlers.get(peek.api_key)
-        return handler(session, peek, frame) if handler else None
+        if handler is None:
+            return None
+        if self.config.require_sasl and not session.authenticated:
+            # A broker with SASL closes a connection whose first requests are not
+            # ApiVersions or the SASL exchange; the proxy does the same for the
+            # requests it answers itself, which never reach the broker.
+            self.metrics.unauthenticated.labels(api_keys.api_name(peek.api_key)).inc()
+            self.ratelog(logging.WARNING, "unauthenticated", "request before SASL "
+                         "authentication; connection closed", api=api_keys.api_name(
+                             peek.api_key), **session._fields())
+            raise SessionClosed("request before SASL authentication")
+        return handler(session, peek, frame)
 
     # ------------------------------------------------------------------ responses
 
@@ -304,6 +333,11 @@ class Proxy:
             # Both keys, always together: a client only pushes when it sees both.
             self.ctx.served_apis = {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0),
                                     api_keys.PUSH_TELEMETRY: (0, 0)}
+        self.server_tls = server_context(config)
+        # Connections admitted and not yet closed (TLS handshakes included), in all and
+        # by source address, for the connection limits.
+        self.open_connections = 0
+        self.connections_by_source: dict[str, int] = {}
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
         self._broker_scopes: dict[int, trio.CancelScope] = {}
@@ -404,11 +438,15 @@ class Proxy:
             return False
         try:
             new = self.reload_config()
+            # Certificates are read again, so a rotated certificate serves new connections.
+            server_tls, upstream_tls = server_context(new), upstream_context(new)
         except ConfigError as exc:
             self.ctx.metrics.config_reloads.labels("rejected").inc()
             log.error("config reload rejected; keeping the running config",
                       extra={"fields": {"error": str(exc)}})
             return False
+        self.server_tls = server_tls
+        self.ctx.upstream_tls = self.ctx.rotation.tls = upstream_tls
         await self.apply(new)
         self.ctx.metrics.config_reloads.labels("applied").inc()
         return True
@@ -417,7 +455,8 @@ class Proxy:
         old = self.config
         restart_only = [name for name in ("listen", "http", "advertised_host",
                                           "broker_port_base", "broker_bind_host",
-                                          "broker_bind_port_base", "node_id_range")
+                                          "broker_bind_port_base", "node_id_range",
+                                          "sni_host_pattern", "sni_advertised_port")
                         if getattr(old, name) != getattr(new, name)]
         if old.telemetry.enabled != new.telemetry.enabled:
             restart_only.append("telemetry")
@@ -445,12 +484,14 @@ class Proxy:
     async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
                      scope: trio.CancelScope) -> None:
         async def handle(stream: trio.SocketStream) -> None:
-            session = Session(self.ctx, stream, name, node_id)
-            self.ctx.sessions.add(session)
+            peer = peer_of(stream)
+            if not self._admit(peer[0], name):
+                await trio.aclose_forcefully(stream)
+                return
             try:
-                await session.run()
+                await self._serve_one(stream, peer, name, node_id)
             finally:
-                self.ctx.sessions.discard(session)
+                self._release(peer[0])
 
         with scope:
             try:
@@ -460,9 +501,74 @@ class Proxy:
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)
 
+    async def _serve_one(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
+                         node_id: int | None) -> None:
+        client: trio.abc.Stream = stream
+        if self.server_tls is not None:
+            try:
+                client, server_name = await accept_tls(stream, self.server_tls,
+                                                       self.config.tls_handshake_timeout)
+            except HandshakeFailed as exc:
+                limit = "tls_handshake_timeout" if "within" in str(exc) else None
+                self._refuse(limit, "tls_handshake", "TLS handshake failed; connection closed",
+                             peer, listener=name, error=str(exc))
+                self.ctx.metrics.tls_handshake_failures.labels(name).inc()
+                await trio.aclose_forcefully(stream)
+                return
+            sni = self.ctx.port_map.sni
+            if sni is not None:
+                node_id = sni.node_for(server_name)
+                if node_id is not None and node_id not in self.ctx.view.nodes:
+                    self._refuse(None, "sni", "TLS server name names no known broker; "
+                                 "connection closed", peer, listener=name,
+                                 server_name=server_name)
+                    await trio.aclose_forcefully(client)
+                    return
+                name = f"broker-{node_id}" if node_id is not None else name
+        session = Session(self.ctx, client, name, node_id, peer)
+        self.ctx.sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            self.ctx.sessions.discard(session)
+
+    def _admit(self, source: str, listener: str) -> bool:
+        """Count the connection in, or refuse it when a connection limit is reached."""
+        cfg = self.config
+        if self.open_connections >= cfg.max_connections:
+            self._refuse("max_connections", "max_connections", "connection limit reached; "
+                         "new connection closed", (source, 0), listener=listener,
+                         maximum=cfg.max_connections)
+            return False
+        held = self.connections_by_source.get(source, 0)
+        if held >= cfg.max_connections_per_source:
+            self._refuse("max_connections_per_source", "max_connections_per_source",
+                         "per-source connection limit reached; new connection closed",
+                         (source, 0), listener=listener, maximum=cfg.max_connections_per_source)
+            return False
+        self.connections_by_source[source] = held + 1
+        self.open_connections += 1
+        return True
+
+    def _release(self, source: str) -> None:
+        self.open_connections -= 1
+        left = self.connections_by_source.get(source, 1) - 1
+        if left > 0:
+            self.connections_by_source[source] = left
+        else:
+            self.connections_by_source.pop(source, None)
+
+    def _refuse(self, limit_name: str | None, key: str, msg: str, peer: tuple[str, int],
+                **fields: object) -> None:
+        if limit_name is not None:
+            self.ctx.metrics.limits_hit.labels(limit_name).inc()
+        self.ctx.ratelog(logging.WARNING, key, msg, client=f"{peer[0]}:{peer[1]}", **fields)
+
     async def _sync_broker_listeners(self) -> None:
         """One listener per known in-range broker; closed when the broker leaves."""
         pm = self.ctx.port_map
+        if pm.sni is not None:
+            return  # every broker is reached through the one TLS port, by name
         wanted = {n for n in self.ctx.view.nodes if pm.in_range(n)}
         for node_id in sorted(set(self._broker_scopes) - wanted):
             self._broker_scopes.pop(node_id).cancel()
@@ -485,7 +591,7 @@ class Proxy:
                                       scope)
             log.info("opened listener for broker", extra={"fields": {
                 "node": node_id, "bind": f"{self.config.broker_bind_host}:{port}",
-                "advertised": f"{pm.advertised_host}:{pm.advertised_port(node_id)}"}})
+                "advertised": ":".join(map(str, pm.advertised(node_id) or ()))}})
         self.ctx.metrics.broker_listeners.set(len(self._broker_scopes))
 
     # ------------------------------------------------------------------ discovery

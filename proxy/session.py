@@ -12,6 +12,7 @@ hold a session forever.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,12 @@ import trio
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
-from kproxy.codecs.peek import RequestPeek, peek_correlation_id, peek_request
+from kproxy.codecs.peek import (
+    RequestPeek,
+    peek_correlation_id,
+    peek_request,
+    peek_response_error,
+)
 from kproxy.inflight import OrderedResponses, Slot
 from kproxy.policies.rewrite import carries_addresses
 
@@ -56,15 +62,15 @@ class ClientInfo:
 
 
 class Session:
-    def __init__(self, ctx: ProxyContext, client: trio.SocketStream, listener: str,
-                 node_id: int | None) -> None:
+    def __init__(self, ctx: ProxyContext, client: trio.abc.Stream, listener: str,
+                 node_id: int | None, peer: tuple[str, int]) -> None:
         self.ctx = ctx
         self.client = client
         self.listener = listener
         self.node_id = node_id
         self.upstream: trio.abc.Stream | None = None
         self.ordered = OrderedResponses()
-        self.info = ClientInfo(*_peer(client))
+        self.info = ClientInfo(*peer)
         # The epoch this client last saw (set at its first Metadata response), the
         # Metadata version it speaks, and what the broker behind it can serve.
         self.topology_epoch: int | None = None
@@ -73,6 +79,11 @@ class Session:
         self.connected_epoch = ctx.view.epoch
         self.upstream_address: tuple[str, int] | None = None
         self.close_after_flush = False
+        # SASL passes through; the proxy only notes that the broker accepted it.
+        self.authenticated = False
+        # For the idle and first-request timeouts: complete frames either way.
+        self.frames_in = 0
+        self.last_activity = trio.current_time()
         # For the connection inventory: highest version used per API, bytes each way.
         self.api_versions_used: dict[int, int] = {}
         self.bytes_in = 0
@@ -143,14 +154,18 @@ class Session:
 
     async def _requests(self) -> None:
         reader = FrameReader(self.ctx.config.max_frame_bytes)
+        first_deadline = trio.current_time() + self.ctx.config.first_request_timeout
         while not self._draining:
             # Only the wait for bytes is cancellable by a drain: a request already
             # taken is always sent upstream and answered.
             self._recv_scope = trio.CancelScope()
-            with self._recv_scope:
+            with self._recv_scope, trio.move_on_at(self._read_deadline(first_deadline)) as wait:
                 data = await self.client.receive_some(RECV_BYTES)
             if self._recv_scope.cancelled_caught:
                 break
+            if wait.cancelled_caught:
+                self._check_timeouts()
+                continue
             if not data:
                 raise SessionClosed("client closed the connection")
             reader.feed(data)
@@ -162,6 +177,29 @@ class Session:
                 await self._room.wait()
         self.close()
 
+    def _read_deadline(self, first_deadline: float) -> float:
+        if not self.frames_in:
+            return first_deadline
+        idle = self.ctx.config.idle_timeout
+        if not idle:
+            return math.inf
+        if len(self.ordered):  # busy: look again later
+            return trio.current_time() + idle
+        return self.last_activity + idle
+
+    def _check_timeouts(self) -> None:
+        """A read deadline passed: close a silent new connection or an idle one."""
+        cfg = self.ctx.config
+        if not self.frames_in:
+            self.ctx.limit_hit("first_request_timeout", "no complete request within "
+                               f"{cfg.first_request_timeout:g}s of connecting; closed",
+                               self)
+            raise SessionClosed("first request timeout")
+        if not len(self.ordered) and (
+                trio.current_time() - self.last_activity >= cfg.idle_timeout):
+            self.ctx.limit_hit("idle_timeout", f"idle for {cfg.idle_timeout:g}s; closed", self)
+            raise SessionClosed("idle timeout")
+
     async def _handle_requests(self, reader: FrameReader) -> None:
         out: list[Frame | bytes] = []  # what goes upstream, in order
         answered_locally = False
@@ -170,6 +208,9 @@ class Session:
         except CodecError as exc:
             self.ctx.decode_error("request", "frame", exc, self)
             raise SessionClosed(str(exc)) from None
+        if frames:
+            self.frames_in += len(frames)
+            self.last_activity = trio.current_time()
         for frame in frames:
             body = frame.body
             try:
@@ -221,7 +262,8 @@ class Session:
             await self._flush()
 
     async def _wait_for_room(self) -> None:
-        self.ctx.metrics.limits_hit.labels("max_inflight").inc()
+        self.ctx.limit_hit("max_inflight", "client has max_inflight requests in flight; "
+                           "not reading from it until responses drain", self)
         while len(self.ordered) >= self.ctx.config.max_inflight:
             self._room = trio.Event()
             await self._room.wait()
@@ -242,7 +284,10 @@ class Session:
                 raise SessionClosed("upstream closed the connection")
             reader.feed(data)
             try:
-                for frame in reader.wire_frames():
+                frames = reader.wire_frames()
+                if frames:
+                    self.last_activity = trio.current_time()
+                for frame in frames:
                     slot = self.ordered.next_upstream(peek_correlation_id(frame.body))
                     if slot is None:
                         self.ctx.metrics.stray_responses.inc()
@@ -254,7 +299,10 @@ class Session:
             await self._flush()
 
     async def _process_response(self, slot: Slot, frame: Frame) -> Frame | bytes:
-        if slot.api_key == api_keys.API_VERSIONS or carries_addresses(slot.api_key,
+        if slot.api_key == api_keys.SASL_AUTHENTICATE:
+            self.authenticated = peek_response_error(frame.body, slot.api_key,
+                                                     slot.api_version) == 0
+        elif slot.api_key == api_keys.API_VERSIONS or carries_addresses(slot.api_key,
                                                                       slot.api_version):
             body = frame.body
             new = await self.ctx.rewrite_response(self, slot, body)
@@ -335,7 +383,8 @@ def coalesce(parts: list[Frame | bytes]) -> list[bytes | memoryview]:
     return out
 
 
-def _peer(stream: trio.SocketStream) -> tuple[str, int]:
+def peer_of(stream: trio.SocketStream) -> tuple[str, int]:
+    """The client's address and port, for limits, logs and the connection inventory."""
     try:
         addr = stream.socket.getpeername()
         return str(addr[0]), int(addr[1])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 
 import trio
 
 from kproxy.config import HostPort
+from kproxy.tls import connect_tls
 
 
 class UpstreamUnavailable(Exception):
@@ -15,9 +17,22 @@ class UpstreamUnavailable(Exception):
         super().__init__("; ".join(f"{h}:{p}: {why}" for (h, p), why in tried))
 
 
-async def connect(host: str, port: int, timeout: float) -> trio.SocketStream:
+async def connect(host: str, port: int, timeout: float,
+                  tls: ssl.SSLContext | None = None) -> trio.abc.Stream:
+    """A connection to one broker, TLS when ``tls`` is given; the timeout covers both."""
     with trio.fail_after(timeout):
-        return await trio.open_tcp_stream(host, port)
+        stream = await trio.open_tcp_stream(host, port)
+    if tls is None:
+        return stream
+    try:
+        return await connect_tls(stream, tls, host, timeout)
+    except trio.BrokenResourceError as exc:
+        await trio.aclose_forcefully(stream)
+        why = exc.__cause__ if isinstance(exc.__cause__, ssl.SSLError) else exc
+        raise OSError(f"TLS handshake failed: {why}") from None
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
 
 
 class BootstrapRotation:
@@ -28,14 +43,15 @@ class BootstrapRotation:
     the proxy's view of the backend would flip between their answers.
     """
 
-    def __init__(self, servers: Sequence[HostPort]) -> None:
+    def __init__(self, servers: Sequence[HostPort], tls: ssl.SSLContext | None = None) -> None:
         self.servers = list(servers)
+        self.tls = tls
 
-    async def connect(self, timeout: float) -> tuple[trio.SocketStream, HostPort]:
+    async def connect(self, timeout: float) -> tuple[trio.abc.Stream, HostPort]:
         tried: list[tuple[HostPort, str]] = []
         for host, port in list(self.servers):
             try:
-                return await connect(host, port, timeout), (host, port)
+                return await connect(host, port, timeout, self.tls), (host, port)
             except trio.TooSlowError:
                 tried.append(((host, port), f"no answer within {timeout:g}s"))
             except OSError as exc:

@@ -43,7 +43,7 @@ def test_bind_and_advertised_ports_can_differ() -> None:
     cfg = config_mod.load(_args("--broker-port-base", "31000", "--broker-bind-port-base",
                                 "9100", "--node-id-range", "1001-1003"), env={})
     pm = cfg.port_map
-    assert pm.advertised_port(1002) == 31001 and pm.bind_port(1002) == 9101
+    assert pm.advertised(1002) == (pm.advertised_host, 31001) and pm.bind_port(1002) == 9101
 
 
 @pytest.mark.parametrize(("argv", "env", "file", "needle"), [

@@ -121,7 +121,7 @@ def test_shared_service_exposes_exactly_the_mapped_broker_ports(tmp_path: Path) 
     shared = {d["kind"]: d for n, d in DOCS if "shared" in n}
     cfg = load_toml_config(shared["ConfigMap"]["data"]["kproxy.toml"], tmp_path)
     pm = cfg.port_map
-    want = {f"broker-{n}": pm.advertised_port(n) for n in range(cfg.node_id_range[0],
+    want = {f"broker-{n}": pm.advertised(n)[1] for n in range(cfg.node_id_range[0],
                                                                  cfg.node_id_range[1] + 1)}
     service = {p["name"]: p["port"] for p in shared["Service"]["spec"]["ports"]}
     container = shared["Deployment"]["spec"]["template"]["spec"]["containers"][0]
@@ -138,7 +138,7 @@ def test_documented_port_tables_match_the_code() -> None:
     for first, last in ((0, 5), (1001, 1003)):
         pm = PortMap("h", 9093, 9093, first, last)
         for node in range(first, last + 1):
-            assert f"| {node} | {pm.advertised_port(node)} |" in text
+            assert f"| {node} | {pm.advertised(node)[1]} |" in text
 
 
 def test_dashboard_panels_have_queries() -> None:

@@ -25,9 +25,10 @@ PM = PortMap("proxy.example", 30000, 40000, 1001, 1003)
 
 
 def test_port_map_is_deterministic_and_bounded() -> None:
-    assert [PM.advertised_port(n) for n in (1001, 1002, 1003)] == [30000, 30001, 30002]
+    assert [PM.advertised(n) for n in (1001, 1002, 1003)] == [
+        ("proxy.example", p) for p in (30000, 30001, 30002)]
     assert [PM.bind_port(n) for n in (1001, 1003)] == [40000, 40002]
-    assert PM.advertised_port(1000) is None and PM.advertised_port(1004) is None
+    assert PM.advertised(1000) is None and PM.advertised(1004) is None
     assert PM.node_for_bind_port(40001) == 1002 and PM.node_for_bind_port(39999) is None
     with pytest.raises(ValueError, match="do not fit"):
         PortMap("h", 65000, 65000, 0, 1000)
