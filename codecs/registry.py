@@ -17,6 +17,7 @@ from kproxy.codecs.schemas import (
     find_coordinator,
     metadata,
     node_endpoints,
+    sasl,
     telemetry,
 )
 
@@ -44,6 +45,10 @@ DECODED: dict[int, DecodedApi] = {
         DecodedApi(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, telemetry.GET_SUBSCRIPTIONS_REQUEST,
                    telemetry.GET_SUBSCRIPTIONS_RESPONSE),
         DecodedApi(api_keys.PUSH_TELEMETRY, telemetry.PUSH_REQUEST, telemetry.PUSH_RESPONSE),
+        # Relayed untouched; only the authenticate response's error code is read.
+        DecodedApi(api_keys.SASL_HANDSHAKE, sasl.HANDSHAKE_REQUEST, sasl.HANDSHAKE_RESPONSE),
+        DecodedApi(api_keys.SASL_AUTHENTICATE, sasl.AUTHENTICATE_REQUEST,
+                   sasl.AUTHENTICATE_RESPONSE),
         # Produce and Fetch bodies are only walked for NodeEndpoints, never rebuilt.
         DecodedApi(api_keys.PRODUCE, None, node_endpoints.PRODUCE_RESPONSE),
         DecodedApi(api_keys.FETCH, None, node_endpoints.FETCH_RESPONSE),

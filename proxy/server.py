@@ -12,6 +12,7 @@ import logging
 import signal
 import socket
 import time
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -369,6 +370,10 @@ class Proxy:
                 host, port = cfg.listen
                 bootstrap = await trio.open_tcp_listeners(port, host=host)
                 self.bootstrap_port = bootstrap[0].socket.getsockname()[1]
+                sni = self.ctx.port_map.sni
+                if sni is not None and sni.port == 0:  # listening on a port picked by the OS
+                    self.ctx.port_map = replace(self.ctx.port_map,
+                                                sni=replace(sni, port=self.bootstrap_port))
                 services.start_soon(self._serve, bootstrap, "bootstrap", None,
                                     self._bootstrap_scope)
                 http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])

@@ -5,6 +5,11 @@ outside the proxy's range, brokers that come and go, and brokers that misbehave
 (never answer, hang up mid-response) are produced by this script instead. It
 answers ApiVersions, Metadata and FindCoordinator with our own codec, one
 listening port per fake node, and records which port each connection reached.
+
+With ``sasl_users`` it also stands in for a SASL/PLAIN broker (tansu 0.6's
+``--authentication`` could not be given a user here): SaslHandshake v1 and
+SaslAuthenticate, and like Kafka it closes a connection that sends anything
+else before authenticating.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import trio
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.framing import FrameReader
-from kproxy.codecs.messages import encode_response_parts
+from kproxy.codecs.messages import decode_request, encode_response_parts
 from kproxy.codecs.peek import peek_request
 
 
@@ -31,6 +36,8 @@ class FakeBroker:
     hidden: set[int] = field(default_factory=set)  # nodes left out of Metadata
     connections: dict[int, int] = field(default_factory=dict)  # node id -> connections
     requests: list[tuple[int, int, int]] = field(default_factory=list)
+    sasl_users: dict[str, str] | None = None  # user -> password; None: no SASL
+    authenticated: list[str] = field(default_factory=list)  # users, in order
 
     async def start(self, nursery: trio.Nursery) -> FakeBroker:
         for node in self.node_ids:
@@ -47,11 +54,15 @@ class FakeBroker:
         async def handle(stream: trio.SocketStream) -> None:
             self.connections[node] = self.connections.get(node, 0) + 1
             reader = FrameReader()
+            conn = {"authenticated": self.sasl_users is None}
             try:
                 while data := await stream.receive_some(65536):
                     reader.feed(data)
                     for frame in reader.frames():
-                        reply = self.answer(frame)
+                        reply = self.answer(frame, conn)
+                        if reply is None:  # refused: a broker closes the connection
+                            await stream.aclose()
+                            return
                         if self.mode == "silent":
                             continue
                         if self.mode == "cut-mid-response":
@@ -66,15 +77,33 @@ class FakeBroker:
 
         return handle
 
-    def answer(self, frame: bytes) -> bytes:
+    def answer(self, frame: bytes, conn: dict[str, bool] | None = None) -> bytes | None:
         peek = peek_request(frame)
         self.requests.append((peek.api_key, peek.api_version, peek.correlation_id))
         key, version = peek.api_key, peek.api_version
+        authenticated = conn is None or conn["authenticated"]
         if key == api_keys.API_VERSIONS:
             version = min(version, 3)
+            apis = [(0, 11), (1, 17), (3, 12), (10, 6), (18, 3), (60, 1)]
+            if self.sasl_users is not None:
+                apis += [(17, 1), (36, 2)]
             body = {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
-                {"api_key": k, "min_version": 0, "max_version": v}
-                for k, v in ((0, 11), (1, 17), (3, 12), (10, 6), (18, 3), (60, 1))]}
+                {"api_key": k, "min_version": 0, "max_version": v} for k, v in apis]}
+        elif key == api_keys.SASL_HANDSHAKE and self.sasl_users is not None:
+            body = {"error_code": 0 if decode_request(frame).body["mechanism"] == "PLAIN"
+                    else 33, "mechanisms": ["PLAIN"]}
+        elif key == api_keys.SASL_AUTHENTICATE and self.sasl_users is not None:
+            token = bytes(decode_request(frame).body["auth_bytes"])
+            _, user, password = token.decode().split("\0")
+            ok = self.sasl_users.get(user) == password
+            if ok and conn is not None:
+                conn["authenticated"] = True
+                self.authenticated.append(user)
+            body = {"error_code": 0 if ok else 58, "auth_bytes": b"",
+                    "error_message": None if ok else "Authentication failed: invalid "
+                    "credentials", "session_lifetime_ms": 0}
+        elif not authenticated:
+            return None
         elif key == api_keys.METADATA:
             body = {"throttle_time_ms": 0, "cluster_id": self.cluster_id,
                     "controller_id": self.node_ids[0], "topics": [],
