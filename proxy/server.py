@@ -12,8 +12,8 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
