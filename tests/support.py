@@ -80,8 +80,9 @@ class RawClient:
         self.reader = FrameReader()
 
     @classmethod
-    async def connect(cls, port: int, host: str = "127.0.0.1") -> RawClient:
-        return cls(await trio.open_tcp_stream(host, port))
+    async def connect(cls, port: int, host: str = "127.0.0.1",
+                      source: str | None = None) -> RawClient:
+        return cls(await trio.open_tcp_stream(host, port, local_address=source))
 
     async def send(self, data: bytes) -> None:
         await self.stream.send_all(data)
