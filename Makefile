@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools
+.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,10 +70,27 @@ bench-pipeline: $(DEV)
 bench: $(DEV) bench-tools
 	$(BIN)/python tests/bench/run_bench.py
 
+# Long fuzzing: coverage-guided over every decoder (atheris), then hypothesis over the
+# live proxy. Findings are written as crash-* files in fuzz-corpus/ and fail the run.
+FUZZ_SECONDS ?= 600
+FUZZ_EXAMPLES ?= 1000
+fuzz: $(DEV)
+	mkdir -p fuzz-corpus/codecs
+	cd fuzz-corpus && $(CURDIR)/$(BIN)/python $(CURDIR)/tests/fuzz/atheris_codecs.py \
+	  -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 codecs
+	KPROXY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  tests/test_fuzz_live.py tests/test_fuzz_decoders.py
+
+# Mixed produce/consume/group/telemetry traffic through the proxy for SOAK_SECONDS;
+# fails on lost messages or on memory or file descriptors that keep growing.
+SOAK_SECONDS ?= 600
+soak: $(DEV)
+	$(BIN)/python tests/soak/run_soak.py --seconds $(SOAK_SECONDS)
+
 bench-tools:
 	@command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || { \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis fuzz-corpus
