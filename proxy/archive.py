@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from kproxy.logs import RateLimitedLog
+
 log = logging.getLogger("kproxy.archive")
 KINDS = ("telemetry", "connections")
 
@@ -74,6 +76,7 @@ class ArchiveWriter:
         self._seq = 0
         self._thread = threading.Thread(target=self._run, name="kproxy-archive", daemon=True)
         self._go = threading.Event()  # cleared while stalled (tests stand in a slow disk)
+        self._ratelog = RateLimitedLog()  # a full disk fails every write: log it once a while
         self._go.set()
 
     def start(self) -> ArchiveWriter:
@@ -129,8 +132,9 @@ class ArchiveWriter:
             except OSError as exc:  # disk full, permissions: drop, count, carry on
                 if kind:
                     self.stats.dropped[kind] += 1
-                log.warning("archive write failed; record dropped",
-                            extra={"fields": {"error": exc.strerror or str(exc)}})
+                self._ratelog(logging.WARNING, "archive-write",
+                              "archive write failed; record dropped",
+                              error=exc.strerror or str(exc))
                 self._abandon(kind)
 
     def _write(self, kind: str, line: str) -> None:

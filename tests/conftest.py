@@ -51,3 +51,37 @@ def shared_tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBrok
     log = tmp_path_factory.mktemp("tansu") / "tansu.log"
     with TansuBroker(log_path=log) as broker:
         yield broker
+
+
+@pytest.fixture
+def s3_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A local S3 emulator (moto) with a bucket "tansu"; the environment tansu needs for it.
+
+    Brokers started with ``storage="s3://tansu/"`` and this environment keep their
+    data across restarts and can share it.
+    """
+    import shutil
+    import subprocess
+    import sys
+
+    import boto3
+
+    from kproxy.embedded_broker import free_port, wait_for_port
+
+    port = free_port()
+    moto_bin = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    with open(tmp_path / "moto.log", "wb") as moto_log:
+        moto = subprocess.Popen([moto_bin, "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=moto_log, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for_port("127.0.0.1", port, 30), "moto server did not start"
+        env = {"AWS_ENDPOINT": f"http://127.0.0.1:{port}", "AWS_ALLOW_HTTP": "true",
+               "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT"], aws_access_key_id="test",
+                     aws_secret_access_key="test", region_name="us-east-1",
+                     ).create_bucket(Bucket="tansu")
+        yield env
+    finally:
+        moto.terminate()
+        moto.wait(10)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +140,7 @@ class KproxyProcess:
 @contextmanager
 def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
                    node_id_range: str = "111-111", env: dict[str, str] | None = None,
-                   ) -> Iterator[KproxyProcess]:
+                   preexec: Callable[[], None] | None = None) -> Iterator[KproxyProcess]:
     bootstrap, http, base = free_port(), free_port(), free_port()
     log_path = tmp_path / f"kproxy-{bootstrap}.log"
     cmd = [sys.executable, "-m", "kproxy.cli", "run",
@@ -150,7 +150,7 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
            "--discovery-interval", "2", *extra]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})
+                                env={**os.environ, **(env or {})}, preexec_fn=preexec)
     kp = KproxyProcess(proc, bootstrap, http, base, log_path)
     try:
         if not wait_for_port("127.0.0.1", bootstrap, 15):

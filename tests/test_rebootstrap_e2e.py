@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -235,38 +234,18 @@ def test_legacy_aiokafka_reconnects_and_continues(
 
 
 @pytest.fixture
-def s3_pair(tmp_path: Path) -> Iterator[tuple[TansuBroker, TansuBroker]]:
+def s3_pair(tmp_path: Path, s3_env: dict[str, str]) -> Iterator[tuple[TansuBroker, TansuBroker]]:
     """Two tansu brokers of one cluster sharing storage in a local S3 emulator (moto)."""
-    import shutil
-    import subprocess
-
-    import boto3
-
-    from kproxy.embedded_broker import free_port, wait_for_port
-
-    port = free_port()
-    moto_bin = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
-    with open(tmp_path / "moto.log", "wb") as moto_log:
-        moto = subprocess.Popen([moto_bin, "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=moto_log, stderr=subprocess.STDOUT)
     brokers: list[TansuBroker] = []
     try:
-        assert wait_for_port("127.0.0.1", port, 30), "moto server did not start"
-        env = {"AWS_ENDPOINT": f"http://127.0.0.1:{port}", "AWS_ALLOW_HTTP": "true",
-               "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-               "AWS_DEFAULT_REGION": "us-east-1"}
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT"], aws_access_key_id="test",
-                     aws_secret_access_key="test", region_name="us-east-1",
-                     ).create_bucket(Bucket="tansu")
         for name in ("a", "b"):
             brokers.append(TansuBroker(storage="s3://tansu/", cluster_id="shared",
-                                       extra_env=env, log_path=tmp_path / f"{name}.log").start())
+                                       extra_env=s3_env, log_path=tmp_path / f"{name}.log"
+                                       ).start())
         yield brokers[0], brokers[1]
     finally:
         for b in brokers:
             b.stop()
-        moto.terminate()
-        moto.wait(10)
 
 
 def read_partition(bootstrap: str, topic: str, expect: int,

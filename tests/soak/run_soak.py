@@ -30,11 +30,11 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from confluent_kafka import Consumer, KafkaError, Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient
 
-from kproxy.embedded_broker import TansuBroker  # noqa: E402
-from tests.support import kproxy_process  # noqa: E402
+from kproxy.embedded_broker import TansuBroker
+from tests.support import kproxy_process
 
 TOPIC = "soak"
 
