@@ -9,6 +9,7 @@ small payload that claims (or expands to) gigabytes fails fast with a
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 from enum import IntEnum
@@ -162,6 +163,17 @@ def _lz4(data: bytes, max_bytes: int) -> bytes:
     return bytes(out)
 
 
+_local = threading.local()
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    """One decompressor per thread: making one costs more than a small push's decoding."""
+    d: zstandard.ZstdDecompressor | None = getattr(_local, "zstd", None)
+    if d is None:
+        d = _local.zstd = zstandard.ZstdDecompressor()
+    return d
+
+
 def _zstd(data: bytes, max_bytes: int) -> bytes:
     try:
         declared = zstandard.get_frame_parameters(data).content_size
@@ -171,7 +183,7 @@ def _zstd(data: bytes, max_bytes: int) -> bytes:
         raise DecompressionLimitExceeded("zstd", max_bytes)
     try:
         # With no declared size the output buffer is max_bytes, never more.
-        return bytes(zstandard.ZstdDecompressor().decompress(data, max_output_size=max_bytes))
+        return bytes(_zstd_decompressor().decompress(data, max_output_size=max_bytes))
     except zstandard.ZstdError as exc:
         if declared == zstandard.CONTENTSIZE_UNKNOWN and _zstd_exceeds(data, max_bytes):
             raise DecompressionLimitExceeded("zstd", max_bytes) from None

@@ -23,7 +23,7 @@ MetricKind = Literal["gauge", "sum", "histogram", "exponential_histogram", "summ
 _TEMPORALITY: dict[int, Temporality] = {0: "unspecified", 1: "delta", 2: "cumulative"}
 
 
-@dataclass
+@dataclass(slots=True)
 class NumberPoint:
     attributes: dict[str, AttrValue]
     start_time_unix_nano: int
@@ -31,7 +31,7 @@ class NumberPoint:
     value: float | int
 
 
-@dataclass
+@dataclass(slots=True)
 class HistogramPoint:
     attributes: dict[str, AttrValue]
     start_time_unix_nano: int
@@ -44,7 +44,7 @@ class HistogramPoint:
     max: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class SummaryPoint:
     attributes: dict[str, AttrValue]
     start_time_unix_nano: int
@@ -57,7 +57,7 @@ class SummaryPoint:
 Point = NumberPoint | HistogramPoint | SummaryPoint
 
 
-@dataclass
+@dataclass(slots=True)
 class Metric:
     name: str
     description: str
@@ -68,14 +68,14 @@ class Metric:
     points: list[Point] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class ScopeMetrics:
     name: str
     version: str
     metrics: list[Metric]
 
 
-@dataclass
+@dataclass(slots=True)
 class ResourceMetrics:
     attributes: dict[str, AttrValue]
     scopes: list[ScopeMetrics]

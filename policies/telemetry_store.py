@@ -9,6 +9,7 @@ capped; what does not fit is dropped and counted, never grown.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -23,11 +24,13 @@ INSTANCE_LABELS = ("client_instance_id", "client_id", "client_software_name",
 _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet sends the same few hundred names
 def metric_name(prefix: str, otlp_name: str) -> str:
     name = _BAD_CHARS.sub("_", prefix + otlp_name)
     return "_" + name if name[:1].isdigit() else name
 
 
+@functools.lru_cache(maxsize=4096)
 def label_name(key: str) -> str:
     name = _BAD_CHARS.sub("_", key)
     if name[:1].isdigit() or name.startswith("__"):

@@ -9,15 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kproxy.codecs import compression, interpreter, messages, otlp
+from kproxy.codecs import compression, messages, otlp
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import FrameReader
-from kproxy.codecs.headers import read_response_header
 from kproxy.codecs.peek import peek_request
-from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 
 from .conftest import load_vectors
+from .fuzz.targets import walk_response
 
 RESPONSE_APIS = [(key, v) for key, api in DECODED.items()
                  for v in range(api.response.valid.lo, api.response.valid.hi + 1)]
@@ -41,17 +40,7 @@ def test_request_decoders(data: bytes) -> None:
 def test_response_decoders(api: tuple[int, int], data: bytes) -> None:
     key, version = api
     only_codec_errors(lambda: messages.decode_response(data, key, version))
-
-    def walk() -> None:
-        spec = DECODED[key].response
-        r = Reader(data)
-        read_response_header(r, key, version)
-        if spec.is_flexible(version):
-            interpreter.read_top_level_tags(spec, version, r)
-        else:
-            interpreter.skip(spec, version, r)
-
-    only_codec_errors(walk)
+    only_codec_errors(lambda: walk_response(key, version, data))
 
 
 @FUZZ

@@ -248,14 +248,15 @@ def s3_pair(tmp_path: Path, s3_env: dict[str, str]) -> Iterator[tuple[TansuBroke
             b.stop()
 
 
-def read_partition(bootstrap: str, topic: str, expect: int,
-                   seconds: float = 20) -> list[tuple[int, int]]:
+def read_partition(bootstrap: str, topic: str, expect: int, seconds: float = 20,
+                   eof_after: int | None = None) -> list[tuple[int, int]]:
     """(offset, value) pairs of partition 0, by assignment (no group).
 
     Reads until ``expect`` records or the time is up: over S3, tansu's partition EOF
-    can come before records another broker wrote are visible.
+    can come before records another broker wrote are visible. With ``eof_after``, a
+    partition EOF once that many records are read ends it too (one broker, no race).
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
                   "enable.partition.eof": True, "enable.auto.commit": False})
@@ -268,6 +269,9 @@ def read_partition(bootstrap: str, topic: str, expect: int,
             if msg is None:
                 continue
             if msg.error():
+                if (eof_after is not None and len(out) >= eof_after
+                        and msg.error().code() == KafkaError._PARTITION_EOF):
+                    break
                 continue
             out.append((msg.offset(), int(msg.value())))
             if len(out) >= expect:

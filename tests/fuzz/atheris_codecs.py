@@ -22,27 +22,17 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports():
-    from kproxy.codecs import compression, interpreter, messages, otlp
+    from targets import walk_response  # type: ignore[import-not-found]
+
+    from kproxy.codecs import compression, messages, otlp
     from kproxy.codecs.errors import CodecError
     from kproxy.codecs.framing import FrameReader
-    from kproxy.codecs.headers import read_response_header
     from kproxy.codecs.peek import peek_request, peek_response_error
-    from kproxy.codecs.primitives import Reader
     from kproxy.codecs.registry import DECODED
 
 RESPONSES = [(key, v) for key, api in DECODED.items()
              for v in range(api.response.valid.lo, api.response.valid.hi + 1)]
 TARGETS = 6
-
-
-def walk_response(key: int, version: int, data: bytes) -> None:
-    spec = DECODED[key].response
-    r = Reader(data)
-    read_response_header(r, key, version)
-    if spec.is_flexible(version):
-        interpreter.read_top_level_tags(spec, version, r)
-    else:
-        interpreter.skip(spec, version, r)
 
 
 def one_input(raw: bytes) -> None:

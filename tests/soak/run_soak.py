@@ -190,7 +190,7 @@ def judge(r: Result, allowance_mb: float) -> None:
     if n >= 8:
         q2 = [s.rss_mb for s in r.samples[n // 4: n // 2]]
         q4 = [s.rss_mb for s in r.samples[3 * n // 4:]]
-        r.rss_q2_mb, r.rss_q4_mb = median(q2), median(q4)
+        r.rss_q2_mb, r.rss_q4_mb = round(median(q2), 1), round(median(q4), 1)
         if r.rss_q4_mb > r.rss_q2_mb + max(allowance_mb, 0.1 * r.rss_q2_mb):
             r.failures.append(f"memory kept growing: median {r.rss_q2_mb} MB in the second "
                               f"quarter, {r.rss_q4_mb} MB in the last")

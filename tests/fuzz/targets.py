@@ -1,0 +1,19 @@
+"""Fuzz targets shared by the hypothesis tests and the atheris harness (no atheris here)."""
+
+from __future__ import annotations
+
+from kproxy.codecs import interpreter
+from kproxy.codecs.headers import read_response_header
+from kproxy.codecs.primitives import Reader
+from kproxy.codecs.registry import DECODED
+
+
+def walk_response(key: int, version: int, data: bytes) -> None:
+    """The proxy's skipping walk over a response: header, then body or top-level tags."""
+    spec = DECODED[key].response
+    r = Reader(data)
+    read_response_header(r, key, version)
+    if spec.is_flexible(version):
+        interpreter.read_top_level_tags(spec, version, r)
+    else:
+        interpreter.skip(spec, version, r)
