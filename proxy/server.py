@@ -514,7 +514,7 @@ class Proxy:
                 client, server_name = await accept_tls(stream, self.server_tls,
                                                        self.config.tls_handshake_timeout)
             except HandshakeFailed as exc:
-                limit = "tls_handshake_timeout" if "within" in str(exc) else None
+                limit = "tls_handshake_timeout" if exc.timed_out else None
                 self._refuse(limit, "tls_handshake", "TLS handshake failed; connection closed",
                              peer, listener=name, error=str(exc))
                 self.ctx.metrics.tls_handshake_failures.labels(name).inc()

@@ -69,7 +69,11 @@ def upstream_context(cfg: Config) -> ssl.SSLContext | None:
 
 
 class HandshakeFailed(Exception):
-    """A client's TLS handshake failed or took too long; the message says which."""
+    """A client's TLS handshake failed or took too long; the message says why."""
+
+    def __init__(self, why: str, *, timed_out: bool = False) -> None:
+        super().__init__(why)
+        self.timed_out = timed_out
 
 
 async def accept_tls(stream: trio.SocketStream, ctx: ssl.SSLContext,
@@ -80,7 +84,8 @@ async def accept_tls(stream: trio.SocketStream, ctx: ssl.SSLContext,
         with trio.fail_after(timeout):
             await tls.do_handshake()
     except trio.TooSlowError:
-        raise HandshakeFailed(f"no TLS handshake within {timeout:g}s") from None
+        raise HandshakeFailed(f"no TLS handshake within {timeout:g}s", timed_out=True
+                              ) from None
     except trio.BrokenResourceError as exc:
         cause = exc.__cause__
         raise HandshakeFailed(str(cause) if cause else "client left during the handshake"
