@@ -158,12 +158,13 @@ class Session:
         while not self._draining:
             # Only the wait for bytes is cancellable by a drain: a request already
             # taken is always sent upstream and answered.
-            self._recv_scope = trio.CancelScope()
-            with self._recv_scope, trio.move_on_at(self._read_deadline(first_deadline)) as wait:
+            # One scope serves both: a drain cancels it, the read deadline expires it.
+            self._recv_scope = trio.CancelScope(deadline=self._read_deadline(first_deadline))
+            with self._recv_scope:
                 data = await self.client.receive_some(RECV_BYTES)
             if self._recv_scope.cancelled_caught:
-                break
-            if wait.cancelled_caught:
+                if self._draining:
+                    break
                 self._check_timeouts()
                 continue
             if not data:
@@ -311,7 +312,14 @@ class Session:
         return frame
 
     async def _flush(self) -> None:
-        async with self._write_lock:
+        # One writer at a time; taking a free lock without a scheduling round trip
+        # matters on the per-request path.
+        lock = self._write_lock
+        if lock.locked():
+            await lock.acquire()
+        else:
+            lock.acquire_nowait()
+        try:
             ready = self.ordered.pop_ready()
             if not ready:
                 return
@@ -331,14 +339,17 @@ class Session:
             if self.close_after_flush:
                 raise SessionClosed("closed after its last response, as the legacy-client "
                                     "policy asks")
+        finally:
+            lock.release()
 
     async def _send(self, stream: trio.abc.Stream, parts: list[Frame | bytes]) -> None:
         """Write every part or end the session; cancellation never splits a frame."""
-        with trio.CancelScope(shield=True), trio.move_on_after(
-                self.ctx.config.write_timeout) as timeout:
+        # One scope: shielded from outside cancellation, bounded by its own deadline.
+        with trio.CancelScope(shield=True, deadline=trio.current_time()
+                              + self.ctx.config.write_timeout) as scope:
             for buf in coalesce(parts):
                 await stream.send_all(buf)
-        if timeout.cancelled_caught:
+        if scope.cancelled_caught:
             raise SessionClosed("write timed out")
 
 
