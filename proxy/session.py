@@ -32,6 +32,7 @@ from kproxy.codecs.peek import (
 )
 from kproxy.inflight import OrderedResponses, Slot
 from kproxy.policies.rewrite import carries_addresses
+from kproxy.transport import Buffer, Transport, transport_for
 
 if TYPE_CHECKING:
     from kproxy.server import ProxyContext
@@ -69,6 +70,9 @@ class Session:
         self.listener = listener
         self.node_id = node_id
         self.upstream: trio.abc.Stream | None = None
+        # How the relay moves bytes on each side (see kproxy.transport).
+        self._client_io: Transport = transport_for(client)
+        self._upstream_io: Transport | None = None
         self.ordered = OrderedResponses()
         self.info = ClientInfo(*peer)
         # The epoch this client last saw (set at its first Metadata response), the
@@ -105,6 +109,7 @@ class Session:
         try:
             self.upstream = await self.ctx.connect_upstream(self)
             if self.upstream is not None:
+                self._upstream_io = transport_for(self.upstream)
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._guard, self._requests)
@@ -155,18 +160,22 @@ class Session:
     async def _requests(self) -> None:
         reader = FrameReader(self.ctx.config.max_frame_bytes)
         first_deadline = trio.current_time() + self.ctx.config.first_request_timeout
+        client = self._client_io
         while not self._draining:
-            # Only the wait for bytes is cancellable by a drain: a request already
-            # taken is always sent upstream and answered.
-            # One scope serves both: a drain cancels it, the read deadline expires it.
-            self._recv_scope = trio.CancelScope(deadline=self._read_deadline(first_deadline))
-            with self._recv_scope:
-                data = await self.client.receive_some(RECV_BYTES)
-            if self._recv_scope.cancelled_caught:
-                if self._draining:
-                    break
-                self._check_timeouts()
-                continue
+            data = client.receive_now(RECV_BYTES)
+            if data is None:
+                # Only the wait for bytes is cancellable by a drain: a request already
+                # taken is always sent upstream and answered. One scope serves both:
+                # a drain cancels it, the read deadline expires it.
+                self._recv_scope = trio.CancelScope(
+                    deadline=self._read_deadline(first_deadline))
+                with self._recv_scope:
+                    data = await client.receive(RECV_BYTES)
+                if self._recv_scope.cancelled_caught:
+                    if self._draining:
+                        break
+                    self._check_timeouts()
+                    continue
             if not data:
                 raise SessionClosed("client closed the connection")
             reader.feed(data)
@@ -254,11 +263,11 @@ class Session:
             if len(self.ordered) >= self.ctx.config.max_inflight:
                 # Backpressure: send what we have, then stop reading this client
                 # until responses drain.
-                await self._send(self._upstream(), out)
+                await self._send(self._upstream_transport(), out)
                 out = []
                 await self._wait_for_room()
         if out:
-            await self._send(self._upstream(), out)
+            await self._send(self._upstream_transport(), out)
         if answered_locally:
             await self._flush()
 
@@ -269,17 +278,19 @@ class Session:
             self._room = trio.Event()
             await self._room.wait()
 
-    def _upstream(self) -> trio.abc.Stream:
-        assert self.upstream is not None
-        return self.upstream
+    def _upstream_transport(self) -> Transport:
+        assert self._upstream_io is not None
+        return self._upstream_io
 
     # ------------------------------------------------------------------ responses
 
     async def _responses(self) -> None:
-        upstream = self._upstream()
+        upstream = self._upstream_transport()
         reader = FrameReader(self.ctx.config.max_frame_bytes)
         while True:
-            data = await upstream.receive_some(RECV_BYTES)
+            data = upstream.receive_now(RECV_BYTES)
+            if data is None:
+                data = await upstream.receive(RECV_BYTES)
             if not data:
                 self.ctx.upstream_lost(self, "broker closed the connection")
                 raise SessionClosed("upstream closed the connection")
@@ -334,7 +345,7 @@ class Session:
                 api.latency.observe(now - slot.started)
                 api.response_bytes.inc(size)
                 self.bytes_out += size
-            await self._send(self.client, parts)
+            await self._send(self._client_io, parts)
             self._room.set()
             if self.close_after_flush:
                 raise SessionClosed("closed after its last response, as the legacy-client "
@@ -342,13 +353,15 @@ class Session:
         finally:
             lock.release()
 
-    async def _send(self, stream: trio.abc.Stream, parts: list[Frame | bytes]) -> None:
+    async def _send(self, transport: Transport, parts: list[Frame | bytes]) -> None:
         """Write every part or end the session; cancellation never splits a frame."""
+        rest = transport.send_now(coalesce(parts))
+        if not rest:  # the kernel took it all: no wait, nothing to cancel
+            return
         # One scope: shielded from outside cancellation, bounded by its own deadline.
         with trio.CancelScope(shield=True, deadline=trio.current_time()
                               + self.ctx.config.write_timeout) as scope:
-            for buf in coalesce(parts):
-                await stream.send_all(buf)
+            await transport.send_rest(rest)
         if scope.cancelled_caught:
             raise SessionClosed("write timed out")
 
@@ -356,13 +369,13 @@ class Session:
 SMALL = 64 * 1024
 
 
-def coalesce(parts: list[Frame | bytes]) -> list[bytes | memoryview]:
+def coalesce(parts: list[Frame | bytes]) -> list[Buffer]:
     """As few buffers as possible, copying little.
 
     Frames that follow each other in the buffer they were received in become one
     slice of it; small pieces are joined into one write; large ones go as they are.
     """
-    slices: list[bytes | memoryview] = []
+    slices: list[Buffer] = []
     run: tuple[Frame, Frame] | None = None  # first and last frame of a contiguous run
     for part in parts:
         if isinstance(part, Frame):
@@ -379,8 +392,8 @@ def coalesce(parts: list[Frame | bytes]) -> list[bytes | memoryview]:
             slices.append(part)
     if run is not None:
         slices.append(memoryview(run[0].buf)[run[0].start : run[1].end])
-    out: list[bytes | memoryview] = []
-    small: list[bytes | memoryview] = []
+    out: list[Buffer] = []
+    small: list[Buffer] = []
     for buf in slices:
         if len(buf) < SMALL:
             small.append(buf)

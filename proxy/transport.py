@@ -1,0 +1,143 @@
+"""Moving bytes on one connection with as few trips through the event loop as possible.
+
+trio's ``SocketStream`` makes every receive and every send a scheduling point, and
+every wait re-arms epoll. On the relay path that costs more CPU than the protocol
+work: a relayed request is four socket operations, and through the stream API each
+one yields to the scheduler even when the kernel had the bytes ready.
+
+``SocketTransport`` (plain TCP) calls the kernel first and waits for readiness only
+when it says it would block, sends a list of buffers with one ``writev`` (no joining
+of frames), and skips a receive it knows would find nothing: after a short read the
+socket is drained, so the next receive goes straight to waiting. It still yields
+every few operations, so one busy connection cannot starve the others.
+``StreamTransport`` wraps any trio stream (TLS) and keeps the stream API.
+
+The session owns the trio stream and closes it; a transport only borrows it. The
+file descriptor is read and written directly, never closed here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+Buffer = bytes | bytearray | memoryview
+
+# After this many operations that did not wait, yield once to the scheduler.
+FAIRNESS_OPS = 16
+# writev takes at most IOV_MAX buffers (1024 on Linux) per call.
+MAX_IOV = 1024
+
+
+class Transport:
+    """A connection as the relay uses it; subclasses decide how bytes move."""
+
+    async def receive(self, max_bytes: int) -> bytes:
+        """At least one byte, or b"" at end of stream; waits as long as it takes."""
+        raise NotImplementedError
+
+    def receive_now(self, max_bytes: int) -> bytes | None:
+        """Bytes the kernel already holds, b"" at end of stream, or None: call ``receive``."""
+        return None
+
+    def send_now(self, parts: list[Buffer]) -> list[Buffer]:
+        """Write what the kernel takes without waiting; returns what is left."""
+        return parts
+
+    async def send_rest(self, parts: list[Buffer]) -> None:
+        """Write all of ``parts``, waiting for room as needed."""
+        raise NotImplementedError
+
+
+class StreamTransport(Transport):
+    """Any trio stream (TLS): every operation goes through the stream API."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+
+    async def receive(self, max_bytes: int) -> bytes:
+        return bytes(await self.stream.receive_some(max_bytes))
+
+    async def send_rest(self, parts: list[Buffer]) -> None:
+        for part in parts:
+            await self.stream.send_all(part)
+
+
+class SocketTransport(Transport):
+    """A plain TCP socket, driven with non-blocking system calls on its descriptor."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.fd = stream.socket.fileno()
+        self._drained = True  # nothing known to be waiting: a receive should wait first
+        self._ops = 0  # operations since the last yield
+
+    def _did_not_wait(self) -> bool:
+        """Count an operation that did not wait; False when it is time to yield."""
+        self._ops += 1
+        return self._ops < FAIRNESS_OPS
+
+    async def receive(self, max_bytes: int) -> bytes:
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            self._ops = 0
+            try:
+                data = os.read(self.fd, max_bytes)
+            except BlockingIOError:  # a spurious wake-up: wait again
+                continue
+            self._drained = len(data) < max_bytes
+            return data
+
+    def receive_now(self, max_bytes: int) -> bytes | None:
+        if self._drained or not self._did_not_wait():
+            return None
+        try:
+            data = os.read(self.fd, max_bytes)
+        except BlockingIOError:
+            self._drained = True
+            return None
+        self._drained = len(data) < max_bytes
+        return data
+
+    def send_now(self, parts: list[Buffer]) -> list[Buffer]:
+        if not self._did_not_wait():
+            return parts
+        while parts:
+            try:
+                sent = os.writev(self.fd, parts[:MAX_IOV])
+            except BlockingIOError:
+                return parts
+            parts = _consume(parts, sent)
+        return parts
+
+    async def send_rest(self, parts: list[Buffer]) -> None:
+        while parts:
+            await trio.lowlevel.wait_writable(self.fd)
+            self._ops = 0
+            try:
+                sent = os.writev(self.fd, parts[:MAX_IOV])
+            except BlockingIOError:
+                continue
+            parts = _consume(parts, sent)
+
+
+def _consume(parts: list[Buffer], sent: int) -> list[Buffer]:
+    """What is left of ``parts`` once ``sent`` bytes of them are written."""
+    i = 0
+    while i < len(parts) and sent >= len(parts[i]):
+        sent -= len(parts[i])
+        i += 1
+    if i == len(parts):
+        return []
+    rest = parts[i:]
+    if sent:
+        rest[0] = memoryview(rest[0])[sent:]
+    return rest
+
+
+def transport_for(stream: trio.abc.Stream) -> Transport:
+    """The fastest transport that can carry ``stream``."""
+    if isinstance(stream, trio.SocketStream):
+        return SocketTransport(stream)
+    return StreamTransport(stream)
+

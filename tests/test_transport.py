@@ -1,0 +1,96 @@
+"""The relay's transports over real connected sockets: partial writes, drained reads, fairness."""
+
+from __future__ import annotations
+
+import os
+
+import trio
+import trio.testing
+
+from kproxy.transport import (
+    FAIRNESS_OPS,
+    SocketTransport,
+    StreamTransport,
+    _consume,
+    transport_for,
+)
+
+
+def test_consume_drops_whole_buffers_and_slices_a_partial_one() -> None:
+    parts: list[bytes | bytearray | memoryview] = [b"abc", b"defg", b"hi"]
+    assert _consume(parts, 0) == parts
+    assert [bytes(p) for p in _consume(parts, 3)] == [b"defg", b"hi"]
+    assert [bytes(p) for p in _consume(parts, 5)] == [b"fg", b"hi"]
+    assert _consume(parts, 9) == []
+
+
+async def _socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)  # completes in the backlog
+    server = await listener.accept()
+    await listener.aclose()
+    return client, server
+
+
+async def test_transport_for_picks_the_socket_path_for_plain_tcp() -> None:
+    a, b = await _socket_pair()
+    try:
+        assert isinstance(transport_for(a), SocketTransport)
+        left, _right = trio.testing.memory_stream_pair()
+        assert isinstance(transport_for(left), StreamTransport)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_send_larger_than_the_socket_buffers_completes_intact() -> None:
+    a, b = await _socket_pair()
+    sender, receiver = SocketTransport(a), SocketTransport(b)
+    payload = [os.urandom(1 << 20) for _ in range(8)]  # 8 MiB: far past the kernel buffers
+    got = bytearray()
+
+    async def read_slowly() -> None:
+        while len(got) < 8 << 20:
+            await trio.sleep(0.001)
+            data = receiver.receive_now(1 << 16) or await receiver.receive(1 << 16)
+            assert data
+            got.extend(data)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_slowly)
+            rest = sender.send_now(list(payload))
+            assert rest, "the kernel cannot have taken 8 MiB at once"
+            assert sum(map(len, rest)) < 8 << 20, "it took what it could"
+            with trio.fail_after(30):
+                await sender.send_rest(rest)
+        assert bytes(got) == b"".join(payload)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_short_read_means_drained_and_busy_readers_yield() -> None:
+    a, b = await _socket_pair()
+    reader = SocketTransport(b)
+    try:
+        assert reader.receive_now(100) is None  # nothing read yet: wait first
+        await a.send_all(b"x" * 10)
+        assert await reader.receive(100) == b"x" * 10
+        assert reader.receive_now(100) is None, "a short read drained the socket"
+        await a.send_all(b"y" * 1000)
+        assert await reader.receive(10) == b"y" * 10  # a full read: more may be there
+        taken = 0
+        while (data := reader.receive_now(10)) is not None:
+            taken += 1
+            assert data == b"y" * 10
+        assert taken == FAIRNESS_OPS - 1, "after a run of reads that did not wait, it yields"
+        assert await reader.receive(10) == b"y" * 10  # and the bytes are still there
+        await a.aclose()
+        rest = b""
+        while chunk := await reader.receive(1000):
+            rest += chunk
+        assert rest == b"y" * (1000 - 10 * (FAIRNESS_OPS + 1))
+    finally:
+        await b.aclose()
