@@ -182,12 +182,30 @@ def _zstd(data: bytes, max_bytes: int) -> bytes:
     if declared != zstandard.CONTENTSIZE_UNKNOWN and declared > max_bytes:
         raise DecompressionLimitExceeded("zstd", max_bytes)
     try:
-        # With no declared size the output buffer is max_bytes, never more.
-        return bytes(_zstd_decompressor().decompress(data, max_output_size=max_bytes))
+        return _zstd_bounded(data, declared, max_bytes)
     except zstandard.ZstdError as exc:
         if declared == zstandard.CONTENTSIZE_UNKNOWN and _zstd_exceeds(data, max_bytes):
             raise DecompressionLimitExceeded("zstd", max_bytes) from None
         raise CodecError(f"corrupt zstd payload: {exc}", what="zstd payload") from None
+
+
+def _zstd_bounded(data: bytes, declared: int, max_bytes: int) -> bytes:
+    """Decompress into a buffer of the declared size, else one that never exceeds ``max_bytes``.
+
+    With no declared size (librdkafka's pushes) a buffer of ``max_bytes`` for every push
+    would cost more than decoding it, so a small one is tried first: a payload that
+    does not fit it is decompressed again with the full bound.
+    """
+    d = _zstd_decompressor()
+    if declared != zstandard.CONTENTSIZE_UNKNOWN:
+        return bytes(d.decompress(data))
+    first = min(max_bytes, max(_CHUNK, 16 * len(data)))
+    if first < max_bytes:
+        try:
+            return bytes(d.decompress(data, max_output_size=first))
+        except zstandard.ZstdError:
+            pass
+    return bytes(d.decompress(data, max_output_size=max_bytes))
 
 
 def _zstd_exceeds(data: bytes, max_bytes: int) -> bool:
