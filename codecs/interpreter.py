@@ -4,10 +4,14 @@ Decoded messages are plain dicts keyed by field name. A tagged field that was no
 on the wire is absent from the dict (so decode → encode reproduces the bytes
 exactly), and tagged fields this schema does not know are kept as raw bytes under
 ``UNKNOWN_TAGS`` and written back unchanged.
+
+A caller that needs only some of a message can name top-level fields to keep
+``Opaque``: they are skipped rather than built, and encoded by copying their bytes.
 """
 
 from __future__ import annotations
 
+import struct
 import uuid
 from functools import lru_cache
 from typing import Any
@@ -19,6 +23,29 @@ from kproxy.codecs.schema import ArrayOf, Field, FieldType, MessageSpec, Struct
 UNKNOWN_TAGS = "_unknown_tags"
 
 Message = dict[str, Any]
+NO_FIELDS: frozenset[str] = frozenset()
+
+
+class Opaque:
+    """A field kept as its wire bytes: decoded by skipping it, encoded by copying them.
+
+    The bytes are valid only where the field travels the same way, i.e. at a version
+    whose encoding of it equals the one it was read at.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Opaque) and other.raw == self.raw
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __repr__(self) -> str:
+        return f"Opaque({len(self.raw)} bytes)"
 
 
 class _Plan:
@@ -67,32 +94,40 @@ def default_of(fld: Field) -> Any:
 # ----------------------------------------------------------------------------- decode
 
 
-def decode(spec: MessageSpec, version: int, data: bytes | bytearray | memoryview) -> Message:
+def decode(spec: MessageSpec, version: int, data: bytes | bytearray | memoryview,
+           opaque: frozenset[str] = NO_FIELDS) -> Message:
     """Decode a whole body; trailing bytes are an error (they mean a schema mismatch)."""
     if version not in spec.valid:
         raise CodecError(f"{spec.name} v{version} is not a version this proxy understands",
                          what=spec.name)
     r = Reader(data)
-    msg = decode_from(spec, version, r)
+    msg = decode_from(spec, version, r, opaque)
     if r.remaining():
         raise CodecError(f"{r.remaining()} unexpected trailing bytes", what=spec.name,
                          offset=r.pos)
     return msg
 
 
-def decode_from(spec: MessageSpec, version: int, r: Reader) -> Message:
+def decode_from(spec: MessageSpec, version: int, r: Reader,
+                opaque: frozenset[str] = NO_FIELDS) -> Message:
+    """Decode a body from ``r``; top-level fields named in ``opaque`` stay ``Opaque``."""
     try:
-        return _decode_struct(spec.body, version, spec.is_flexible(version), r)
+        return _decode_struct(spec.body, version, spec.is_flexible(version), r, opaque)
     except CodecError as exc:
         raise exc.within(spec.name) from None
 
 
-def _decode_struct(st: Struct, version: int, flexible: bool, r: Reader) -> Message:
+def _decode_struct(st: Struct, version: int, flexible: bool, r: Reader,
+                   opaque: frozenset[str] = NO_FIELDS) -> Message:
     plan = _plan(st, version, flexible)
     out: Message = {}
     for fld in plan.regular:
         start = r.pos
         try:
+            if fld.name in opaque:
+                _skip_value(fld.type, version, flexible, r)
+                out[fld.name] = Opaque(bytes(r.buf[start : r.pos]))
+                continue
             out[fld.name] = _decode_value(fld, fld.type, version, flexible, r)
         except CodecError as exc:
             if exc.offset is None:
@@ -200,21 +235,13 @@ def skip(spec: MessageSpec, version: int, r: Reader, *, stop_before_tags: bool =
     which is where KIP-951's NodeEndpoints live.
     """
     flexible = spec.is_flexible(version)
+    program = _skip_program(spec.body, version, flexible)
+    if flexible and stop_before_tags:
+        program = program[:-1]  # the tag section is always the last step
     try:
-        plan = _plan(spec.body, version, flexible)
-        for fld in plan.regular:
-            _skip_value(fld.type, version, flexible, r)
-        if flexible and not stop_before_tags:
-            _skip_tags(r)
+        _run_skip(program, flexible, r)
     except CodecError as exc:
         raise exc.within(spec.name) from None
-
-
-def _skip_struct(st: Struct, version: int, flexible: bool, r: Reader) -> None:
-    for fld in _plan(st, version, flexible).regular:
-        _skip_value(fld.type, version, flexible, r)
-    if flexible:
-        _skip_tags(r)
 
 
 def _skip_tags(r: Reader) -> None:
@@ -226,22 +253,107 @@ def _skip_tags(r: Reader) -> None:
 _FIXED_SIZES = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8,
                 "float64": 8, "uuid": 16}
 
+# The steps of a skip program. Skipping walks large responses (every partition of a
+# Fetch or Metadata response), so each struct at each version is compiled once into
+# a short list of steps, with runs of fixed-width fields merged into one.
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_FIXED, _SIZED, _FIXED_ARRAY, _STRUCT_ARRAY, _STRUCT, _TAGS, _OTHER = range(7)
+SkipProgram = tuple[tuple[int, Any], ...]
+
+
+@lru_cache(maxsize=4096)
+def _skip_program(st: Struct, version: int, flexible: bool) -> SkipProgram:
+    steps: list[tuple[int, Any]] = []
+    for fld in _plan(st, version, flexible).regular:
+        t = fld.type
+        if isinstance(t, str) and t in _FIXED_SIZES:
+            if steps and steps[-1][0] == _FIXED:
+                steps[-1] = (_FIXED, steps[-1][1] + _FIXED_SIZES[t])
+            else:
+                steps.append((_FIXED, _FIXED_SIZES[t]))
+        elif t == "string":
+            steps.append((_SIZED, True))
+        elif t in ("bytes", "records"):
+            steps.append((_SIZED, False))
+        elif isinstance(t, ArrayOf) and isinstance(t.item, str) and t.item in _FIXED_SIZES:
+            steps.append((_FIXED_ARRAY, _FIXED_SIZES[t.item]))
+        elif isinstance(t, ArrayOf) and isinstance(t.item, Struct):
+            steps.append((_STRUCT_ARRAY, _skip_program(t.item, version, flexible)))
+        elif isinstance(t, Struct):
+            steps.append((_STRUCT, _skip_program(t, version, flexible)))
+        else:
+            steps.append((_OTHER, (t, version)))
+    if flexible:
+        steps.append((_TAGS, None))
+    return tuple(steps)
+
+
+def _run_skip(program: SkipProgram, flexible: bool, r: Reader) -> None:
+    r.pos = _skip_at(program, flexible, r, r.pos)
+
+
+def _length(r: Reader, pos: int, flexible: bool, wide: bool) -> tuple[int, int]:
+    """A length prefix at ``pos`` (compact: uvarint - 1; else int16/int32) and the next pos."""
+    if flexible:
+        if pos < r.end and r.buf[pos] < 0x80:  # one byte: nearly every length
+            return r.buf[pos] - 1, pos + 1
+        r.pos = pos
+        return r.uvarint() - 1, r.pos
+    size = 4 if wide else 2
+    if pos + size > r.end:
+        raise CodecError(f"need {size} bytes for a length, {r.end - pos} left", offset=pos)
+    return (_I32 if wide else _I16).unpack_from(r.buf, pos)[0], pos + size
+
+
+def _skip_at(program: SkipProgram, flexible: bool, r: Reader, pos: int) -> int:
+    """Walk ``program`` from ``pos``; returns where it ends. Bounds are checked per step."""
+    end = r.end
+    for step, arg in program:
+        at = pos
+        if step == _FIXED:
+            pos += arg
+        elif step == _SIZED:
+            n, pos = _length(r, pos, flexible, wide=not arg)
+            if n < -1:
+                raise CodecError(f"invalid length {n}", offset=at)
+            if n > 0:
+                pos += n
+        elif step in (_FIXED_ARRAY, _STRUCT_ARRAY):
+            n, pos = _length(r, pos, flexible, wide=True)
+            if n < -1 or n > end - pos:
+                raise CodecError(f"invalid array length {n}", offset=at)
+            if step == _FIXED_ARRAY:
+                pos += max(n, 0) * arg
+            else:
+                for _ in range(n):
+                    pos = _skip_at(arg, flexible, r, pos)
+        elif step == _STRUCT:
+            pos = _skip_at(arg, flexible, r, pos)
+        else:
+            r.pos = pos
+            if step == _TAGS:
+                _skip_tags(r)
+            else:
+                _skip_value(arg[0], arg[1], flexible, r)
+            pos = r.pos
+        if pos > end:
+            raise CodecError(f"needs {pos - at} bytes, {end - at} left", offset=at)
+    return pos
+
 
 def _skip_value(t: FieldType, version: int, flexible: bool, r: Reader) -> None:
+    """Skip one value of any type (what a skip program does not inline)."""
+    if isinstance(t, Struct):
+        _run_skip(_skip_program(t, version, flexible), flexible, r)
+        return
     if isinstance(t, ArrayOf):
         at = r.pos
         n = r.array_length(flexible)
         if n < -1 or n > r.remaining():
             raise CodecError(f"invalid array length {n}", offset=at)
-        item = t.item
-        if isinstance(item, str) and item in _FIXED_SIZES:
-            r.skip(max(n, 0) * _FIXED_SIZES[item])
-            return
         for _ in range(n):
-            _skip_value(item, version, flexible, r)
-        return
-    if isinstance(t, Struct):
-        _skip_struct(t, version, flexible, r)
+            _skip_value(t.item, version, flexible, r)
         return
     size = _FIXED_SIZES.get(t)
     if size is not None:
@@ -337,6 +449,9 @@ def encode_tags(tagged: list[Field], version: int, msg: Message, w: Writer) -> N
 
 def _encode_value(fld: Field, t: FieldType, version: int, flexible: bool, v: Any,
                   w: Writer) -> None:
+    if isinstance(v, Opaque):
+        w.raw(v.raw)
+        return
     if isinstance(t, ArrayOf):
         if v is None:
             if version not in fld.nullable:

@@ -19,7 +19,7 @@ from kproxy.codecs.headers import (
     write_request_header,
     write_response_header,
 )
-from kproxy.codecs.interpreter import Message, decode_from, encode_into
+from kproxy.codecs.interpreter import NO_FIELDS, Message, decode_from, encode_into
 from kproxy.codecs.primitives import Reader, Writer
 from kproxy.codecs.registry import spec_for
 
@@ -58,15 +58,18 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
 
 
 def decode_response(frame: bytes | bytearray | memoryview, api_key: int,
-                    api_version: int) -> Response:
-    """Decode a response frame body; the caller says which request it answers."""
+                    api_version: int, opaque: frozenset[str] = NO_FIELDS) -> Response:
+    """Decode a response frame body; the caller says which request it answers.
+
+    Top-level fields named in ``opaque`` are skipped and kept as their bytes.
+    """
     spec = spec_for(api_key, api_version, response=True)
     if spec is None:
         raise CodecError(f"{api_name(api_key)} v{api_version} responses are not decoded "
                          "by this proxy", what="ResponseHeader", offset=0)
     r = Reader(frame)
     header = read_response_header(r, api_key, api_version)
-    body = decode_from(spec, api_version, r)
+    body = decode_from(spec, api_version, r, opaque)
     _check_consumed(r, spec.name)
     return Response(api_key, api_version, header, body)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.headers import read_response_header
-from kproxy.codecs.interpreter import encode_top_level_tags, read_top_level_tags
+from kproxy.codecs.interpreter import NO_FIELDS, encode_top_level_tags, read_top_level_tags
 from kproxy.codecs.messages import Response, decode_response, encode_response
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
@@ -55,6 +55,13 @@ def rewrite_broker_list(brokers: list[Body], pm: PortMap, seen: Seen,
         if address is not None:
             kept.append({**b, "host": address[0], "port": address[1]})
     return kept
+
+
+# The part of a Metadata response no rewrite reads: the topics, by far its largest
+# part, are skipped rather than decoded and copied back as bytes. Their encoding is
+# the same in v12 and v13, so this also holds across the v12->v13 bridge.
+METADATA_OPAQUE = frozenset({"topics"})
+_OPAQUE = {api_keys.METADATA: METADATA_OPAQUE}
 
 
 def rewrite_metadata(body: Body, pm: PortMap) -> Seen:
@@ -124,7 +131,7 @@ def rewrite_response_frame(api_key: int, api_version: int, frame: bytes | memory
     """Rewrite one response frame body; raises CodecError when it cannot be read."""
     rewrite = _DECODED_REWRITES.get(api_key)
     if rewrite is not None:
-        resp = decode_response(frame, api_key, api_version)
+        resp = decode_response(frame, api_key, api_version, _OPAQUE.get(api_key, NO_FIELDS))
         seen = rewrite(resp.body, api_version, pm)
         return Rewritten(encode_response(resp), seen, resp)
     return _rewrite_node_endpoints(api_key, api_version, frame, pm)

@@ -54,7 +54,12 @@ from kproxy.policies.metadata_bridge import (
     needs_bridge,
 )
 from kproxy.policies.rebootstrap import REBOOTSTRAP_REQUIRED, Action, RebootstrapPolicy
-from kproxy.policies.rewrite import Seen, rewrite_metadata, rewrite_response_frame
+from kproxy.policies.rewrite import (
+    METADATA_OPAQUE,
+    Seen,
+    rewrite_metadata,
+    rewrite_response_frame,
+)
 from kproxy.policies.topology import BackendView, Change
 from kproxy.session import LocalHandler, Session, SessionClosed, peer_of
 from kproxy.telemetry import TelemetryService
@@ -214,7 +219,7 @@ class ProxyContext:
 
     async def _rewrite_metadata(self, session: Session, slot: Slot,
                                 frame: memoryview) -> bytes:
-        resp = decode_response(frame, api_keys.METADATA, slot.upstream_version)
+        resp = decode_response(frame, api_keys.METADATA, slot.upstream_version, METADATA_OPAQUE)
         seen = rewrite_metadata(resp.body, self.port_map)
         if session.topology_epoch is None:
             session.topology_epoch = self.rebootstrap.epoch_for_new_connection(

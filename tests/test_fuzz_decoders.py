@@ -16,7 +16,7 @@ from kproxy.codecs.peek import peek_request
 from kproxy.codecs.registry import DECODED
 
 from .conftest import load_vectors
-from .fuzz.targets import walk_response
+from .fuzz.targets import decode_response_opaque, walk_response
 
 RESPONSE_APIS = [(key, v) for key, api in DECODED.items()
                  for v in range(api.response.valid.lo, api.response.valid.hi + 1)]
@@ -41,6 +41,7 @@ def test_response_decoders(api: tuple[int, int], data: bytes) -> None:
     key, version = api
     only_codec_errors(lambda: messages.decode_response(data, key, version))
     only_codec_errors(lambda: walk_response(key, version, data))
+    only_codec_errors(lambda: decode_response_opaque(key, version, data))
 
 
 @FUZZ

@@ -22,7 +22,10 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports():
-    from targets import walk_response  # type: ignore[import-not-found]
+    from targets import (  # type: ignore[import-not-found]
+        decode_response_opaque,
+        walk_response,
+    )
 
     from kproxy.codecs import compression, messages, otlp
     from kproxy.codecs.errors import CodecError
@@ -47,6 +50,7 @@ def one_input(raw: bytes) -> None:
         data = fdp.ConsumeBytes(fdp.remaining_bytes())
         run(lambda: messages.decode_response(data, key, version))
         run(lambda: walk_response(key, version, data))
+        run(lambda: decode_response_opaque(key, version, data))
         run(lambda: peek_response_error(data, key, version))
     elif target == 2:
         limit = fdp.ConsumeIntInRange(0, 1 << 16)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kproxy.codecs import interpreter
 from kproxy.codecs.headers import read_response_header
+from kproxy.codecs.messages import decode_response
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 
@@ -17,3 +18,9 @@ def walk_response(key: int, version: int, data: bytes) -> None:
         interpreter.read_top_level_tags(spec, version, r)
     else:
         interpreter.skip(spec, version, r)
+
+
+def decode_response_opaque(key: int, version: int, data: bytes) -> None:
+    """Decoding with every top-level field kept opaque: the skip programs on every field."""
+    spec = DECODED[key].response
+    decode_response(data, key, version, frozenset(f.name for f in spec.body.fields))
