@@ -199,7 +199,9 @@ def main() -> int:
         return report_from_json(args)
     smoke = args.smoke
     reps = 1 if smoke else args.reps
-    n1k, n100 = (2000, 5000) if smoke else (60_000, 300_000)
+    # Long enough (seconds, not fractions of one) that start-up and scheduling noise
+    # do not decide the ratios.
+    n1k, n100 = (2000, 5000) if smoke else (250_000, 1_000_000)
     lat_seconds = 1.0 if smoke else 5.0
     fd_hard = raise_fd_limit()
     work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
@@ -219,7 +221,9 @@ def main() -> int:
         kp = start([sys.executable, "-m", "kproxy.cli", "run", "--upstream", broker.bootstrap,
                     "--listen", f"127.0.0.1:{kp_port}", "--http", f"127.0.0.1:{kp_http}",
                     "--broker-port-base", str(kp_base), "--node-id-range", "111-111",
-                    "--telemetry-default-interval-ms", "100", "--log-level", "warning"],
+                    "--telemetry-default-interval-ms", "100", "--log-level", "warning",
+                    # The idle-connection scale test opens thousands from one address.
+                    "--max-connections", "20000", "--max-connections-per-source", "20000"],
                    kp_port, work / "kproxy.log",
                    {"KPROXY_CONFIG": ""})
         procs.append(kp)
