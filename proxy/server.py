@@ -60,6 +60,7 @@ from kproxy.policies.rewrite import (
     rewrite_metadata,
     rewrite_response_frame,
 )
+from kproxy.policies.rewrite_cache import CachedRewrite, RewriteCache, RewriteKey
 from kproxy.policies.topology import BackendView, Change
 from kproxy.session import LocalHandler, Session, SessionClosed, peer_of
 from kproxy.telemetry import TelemetryService
@@ -89,6 +90,7 @@ class ProxyContext:
         self.rebootstrap = RebootstrapPolicy(config.legacy_clients)
         self.archive: ArchiveWriter | None = None
         self.backend_metadata_max: int | None = None  # from the last ApiVersions relayed
+        self.rewrites = RewriteCache()  # Metadata responses already rewritten
 
     # ------------------------------------------------------------------ upstream
 
@@ -219,20 +221,16 @@ class ProxyContext:
 
     async def _rewrite_metadata(self, session: Session, slot: Slot,
                                 frame: memoryview) -> bytes:
-        resp = decode_response(frame, api_keys.METADATA, slot.upstream_version, METADATA_OPAQUE)
-        seen = rewrite_metadata(resp.body, self.port_map)
         if session.topology_epoch is None:
             session.topology_epoch = self.rebootstrap.epoch_for_new_connection(
                 session.client_key)
         action, _ = self.rebootstrap.metadata_response(session.client_key,
                                                        session.topology_epoch, slot.api_version)
-        await self.observe(seen, session)
+        rewritten = self._rewritten_metadata(slot, frame, inject=action is Action.INJECT)
+        await self.observe(rewritten.seen, session)
         # This response is the client's view from now on (even if it just moved the epoch).
         session.topology_epoch = self.view.epoch
         self.rebootstrap.remember(session.client_key, self.view.epoch)
-        if slot.api_version >= BRIDGED_VERSION:
-            resp.body["error_code"] = (REBOOTSTRAP_REQUIRED if action is Action.INJECT
-                                       else resp.body.get("error_code", 0))
         if action is not Action.NONE:
             self.metrics.rebootstrap.labels(
                 {Action.INJECT: "injected", Action.CLOSE: "legacy_closed",
@@ -242,8 +240,27 @@ class ProxyContext:
                      extra={"fields": {**session._fields(), "epoch": self.view.epoch}})
         if action is Action.CLOSE:
             session.close_after_flush = True
-        return encode_response_parts(api_keys.METADATA, slot.api_version,
+        return bytes(frame[:4]) + rewritten.tail  # the client's correlation id, then the rest
+
+    def _rewritten_metadata(self, slot: Slot, frame: memoryview, inject: bool) -> CachedRewrite:
+        """The rewritten response after its correlation id; from the cache unless injecting."""
+        key = None
+        if not inject and len(frame) <= self.rewrites.max_entry_bytes:
+            key = RewriteKey(bytes(frame[4:]), slot.upstream_version, slot.api_version,
+                             self.port_map)
+            if (hit := self.rewrites.get(key)) is not None:
+                return hit
+        resp = decode_response(frame, api_keys.METADATA, slot.upstream_version, METADATA_OPAQUE)
+        seen = rewrite_metadata(resp.body, self.port_map)
+        if slot.api_version >= BRIDGED_VERSION:
+            resp.body["error_code"] = (REBOOTSTRAP_REQUIRED if inject
+                                       else resp.body.get("error_code", 0))
+        body = encode_response_parts(api_keys.METADATA, slot.api_version,
                                      resp.header.correlation_id, resp.body, resp.header.tagged)
+        result = CachedRewrite(body[4:], seen)
+        if key is not None:
+            self.rewrites.put(key, result)
+        return result
 
     def _rewrite_api_versions(self, session: Session, slot: Slot,
                               frame: memoryview) -> bytes | memoryview:

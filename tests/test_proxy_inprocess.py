@@ -243,6 +243,10 @@ async def test_admin_rebootstrap_and_metadata_v13_bridge(
         assert told.body["error_code"] == REBOOTSTRAP_REQUIRED  # once...
         again = await client.request(api_keys.METADATA, 13, 4, body13)
         assert again.body["error_code"] == 0  # ...then normal responses
+        # The same backend answer is rewritten once and then served from the cache,
+        # except for the injecting response, which is never cached.
+        assert again.body == first.body and again.header.correlation_id == 4
+        assert proxy.ctx.rewrites.hits >= 1 and len(proxy.ctx.rewrites) == 1
         await client.aclose()
         proxy.shutdown()
     finally:
