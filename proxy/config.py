@@ -165,6 +165,10 @@ OPTIONS: tuple[Option, ...] = (
            "responses and counted", "FIRST-LAST"),
     Option("http", parse_host_port, "127.0.0.1:9080",
            "HTTP endpoint for /healthz, /readyz and /metrics", "HOST:PORT"),
+    Option("reuse_port", parse_bool, False,
+           "open the bootstrap and broker listeners with SO_REUSEPORT, so several kproxy "
+           "processes on one host share the ports and the kernel spreads connections "
+           "over them (one process per core); each needs its own --http port", "on|off"),
     Option("log_format", parse_choice("text", "json"), "text", "log line format",
            "text|json"),
     Option("log_level", parse_choice("debug", "info", "warning", "error"), "info",
@@ -313,6 +317,7 @@ class Config:
     broker_bind_port_base: int
     node_id_range: tuple[int, int]
     http: HostPort
+    reuse_port: bool
     log_format: str
     log_level: str
     max_frame_bytes: int
@@ -474,7 +479,7 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         upstream=v["upstream"], listen=v["listen"], advertised_host=advertised,
         broker_port_base=base, broker_bind_host=v["broker_bind_host"] or listen_host,
         broker_bind_port_base=bind_base, node_id_range=v["node_id_range"], http=v["http"],
-        log_format=v["log_format"], log_level=v["log_level"],
+        reuse_port=v["reuse_port"], log_format=v["log_format"], log_level=v["log_level"],
         max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
         connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
         discovery_interval=v["discovery_interval"],

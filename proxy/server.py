@@ -39,6 +39,7 @@ from kproxy.config import Config, ConfigError
 from kproxy.discovery import discover
 from kproxy.http_server import Handler, HttpRequest, HttpResponse, HttpServer
 from kproxy.inflight import Slot
+from kproxy.listeners import open_listeners
 from kproxy.local_answers import api_versions_too_new
 from kproxy.logs import RateLimitedLog
 from kproxy.metrics import ProxyMetrics
@@ -390,7 +391,7 @@ class Proxy:
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
                 host, port = cfg.listen
-                bootstrap = await trio.open_tcp_listeners(port, host=host)
+                bootstrap = await open_listeners(host, port, cfg.reuse_port)
                 self.bootstrap_port = bootstrap[0].socket.getsockname()[1]
                 sni = self.ctx.port_map.sni
                 if sni is not None and sni.port == 0:  # listening on a port picked by the OS
@@ -480,7 +481,7 @@ class Proxy:
 
     async def apply(self, new: Config) -> None:
         old = self.config
-        restart_only = [name for name in ("listen", "http", "advertised_host",
+        restart_only = [name for name in ("listen", "http", "reuse_port", "advertised_host",
                                           "broker_port_base", "broker_bind_host",
                                           "broker_bind_port_base", "node_id_range",
                                           "sni_host_pattern", "sni_advertised_port")
@@ -606,7 +607,8 @@ class Proxy:
             port = pm.bind_port(node_id)
             assert port is not None
             try:
-                listeners = await trio.open_tcp_listeners(port, host=self.config.broker_bind_host)
+                listeners = await open_listeners(self.config.broker_bind_host, port,
+                                                 self.config.reuse_port)
             except OSError as exc:
                 self.ctx.ratelog(logging.ERROR, f"bind:{node_id}", "cannot open broker listener",
                                  node=node_id, port=port, error=exc.strerror or str(exc))

@@ -251,3 +251,46 @@ async def test_admin_rebootstrap_and_metadata_v13_bridge(
         proxy.shutdown()
     finally:
         tansu_bg.stop()
+
+
+async def test_reuse_port_lets_two_proxies_share_their_ports(
+        nursery: trio.Nursery, tansu_bg: TansuBroker) -> None:
+    from kproxy.embedded_broker import free_port
+
+    try:
+        listen_port, base = free_port(), free_port()
+        shared = {"listen": f"127.0.0.1:{listen_port}", "broker_port_base": base,
+                  "reuse_port": "on"}
+        proxies = [await start_proxy(nursery, tansu_bg.bootstrap, **shared) for _ in range(2)]
+        assert [p.bootstrap_port for p in proxies] == [listen_port, listen_port]
+        clients = [await RawClient.connect(listen_port) for _ in range(16)]
+        for i, client in enumerate(clients):
+            resp = await client.request(api_keys.METADATA, 12, i, METADATA_V12)
+            assert resp.body["brokers"][0]["port"] == base
+        # The kernel spread the connections over both processes' listeners.
+        served = [len(p.ctx.sessions) for p in proxies]
+        assert sum(served) == 16 and min(served) > 0, served
+        broker = await RawClient.connect(base)  # the broker port is shared too
+        assert (await broker.request(api_keys.METADATA, 12, 99, METADATA_V12)).body["brokers"]
+        for client in [*clients, broker]:
+            await client.aclose()
+        for p in proxies:
+            p.shutdown()
+    finally:
+        tansu_bg.stop()
+
+
+async def test_without_reuse_port_a_taken_port_is_refused() -> None:
+    from kproxy.embedded_broker import free_port
+    from kproxy.listeners import open_listeners
+
+    port = free_port()
+    held = await open_listeners("127.0.0.1", port, reuse_port=False)
+    with pytest.raises(OSError):
+        await open_listeners("127.0.0.1", port, reuse_port=False)
+    for listener in held:
+        await listener.aclose()
+    shared = [await open_listeners("127.0.0.1", port, reuse_port=True) for _ in range(2)]
+    for listeners in shared:
+        for listener in listeners:
+            await listener.aclose()
