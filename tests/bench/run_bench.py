@@ -79,6 +79,16 @@ def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = Non
     return proc
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def workload(kind: str, bootstrap: str, **opts: object) -> dict[str, float]:
     args = [sys.executable, str(WORKLOADS), kind, bootstrap]
     for k, v in opts.items():
@@ -190,7 +200,7 @@ def median(path: Path_, key: str, field_: str) -> float | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny version for make test")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--json", default=str(ROOT / "docs" / "benchmarks.json"))
     parser.add_argument("--from-json", help="rewrite the report from a run's saved results")
@@ -215,7 +225,6 @@ def main() -> int:
     broker_h = TansuBroker(port=haproxy_broker_port, advertised=f"127.0.0.1:{haproxy_port}",
                            log_path=work / "broker-h.log").start()
     paths = [Path_("direct", broker.bootstrap)]
-    procs: list[subprocess.Popen[bytes]] = []
     try:
         kp_port, kp_http, kp_base = free_port(), free_port(), free_port()
         kp = start([sys.executable, "-m", "kproxy.cli", "run", "--upstream", broker.bootstrap,
@@ -226,14 +235,14 @@ def main() -> int:
                     "--max-connections", "20000", "--max-connections-per-source", "20000"],
                    kp_port, work / "kproxy.log",
                    {"KPROXY_CONFIG": ""})
-        procs.append(kp)
         paths.append(Path_("kproxy", f"127.0.0.1:{kp_port}", kp))
         tp = free_port()
-        tansu = start([tansu_binary(), "proxy", "--listener-url", f"tcp://127.0.0.1:{tp}",
-                       "--advertised-listener-url", f"tcp://127.0.0.1:{tp}",
-                       "--origin-url", f"tcp://{broker.bootstrap}"], tp, work / "tansu-proxy.log")
-        procs.append(tansu)
-        paths.append(Path_("tansu proxy", f"127.0.0.1:{tp}", tansu))
+        tansu_cmd = [tansu_binary(), "proxy", "--listener-url", f"tcp://127.0.0.1:{tp}",
+                     "--advertised-listener-url", f"tcp://127.0.0.1:{tp}",
+                     "--origin-url", f"tcp://{broker.bootstrap}"]
+        tansu = Path_("tansu proxy", f"127.0.0.1:{tp}",
+                      start(tansu_cmd, tp, work / "tansu-proxy.log"))
+        paths.append(tansu)
         haproxy_bin = shutil.which("haproxy") or "/usr/sbin/haproxy"
         if os.path.exists(haproxy_bin):
             cfg = work / "haproxy.cfg"
@@ -243,15 +252,30 @@ def main() -> int:
                 f"listen kafka\n  bind 127.0.0.1:{haproxy_port}\n"
                 f"  server b 127.0.0.1:{haproxy_broker_port}\n")
             hp = start([haproxy_bin, "-db", "-f", str(cfg)], haproxy_port, work / "haproxy.log")
-            procs.append(hp)
             paths.append(Path_("haproxy (tcp)", f"127.0.0.1:{haproxy_port}", hp))
-        for p in paths:
-            for topic in ("p1k", "p100", "lat", "fill"):
-                create_topic(p.bootstrap, f"{topic}-{p.name.split()[0]}")
-        # The consume workload reads a topic filled once per path.
-        for p in paths:
-            workload("produce", p.bootstrap, topic=f"fill-{p.name.split()[0]}", count=n1k,
-                     size=1024)
+
+        def restart_tansu_proxy() -> None:
+            """`tansu proxy` does not reconnect to a restarted origin; start it again."""
+            assert tansu.process is not None
+            stop(tansu.process)
+            tansu.process = start(tansu_cmd, tp, work / "tansu-proxy.log")
+
+        def fresh_brokers() -> None:
+            """Empty brokers, topics made and the consume topic filled, for every path.
+
+            tansu keeps every message in memory and slows down as it fills, so each
+            repetition starts from empty brokers (same ports, same cluster id).
+            """
+            for b in (broker, broker_h):
+                b.stop()
+                b.start()
+            restart_tansu_proxy()
+            for p in paths:
+                for topic in ("p1k", "p100", "lat", "fill"):
+                    create_topic(p.bootstrap, f"{topic}-{p.name.split()[0]}")
+            for p in paths:
+                workload("produce", p.bootstrap, topic=f"fill-{p.name.split()[0]}",
+                         count=n1k, size=1024)
 
         rnd = random.Random(1)
         steps: list[tuple[str, Callable[[Path_], dict[str, float]]]] = [
@@ -268,6 +292,7 @@ def main() -> int:
                                                     seconds=lat_seconds)),
         ]
         for rep in range(reps):
+            fresh_brokers()
             for key, run in steps:
                 order = paths[:]
                 rnd.shuffle(order)
@@ -291,13 +316,9 @@ def main() -> int:
         elapsed = time.monotonic() - started
         write_report(paths, tel, counts, args, elapsed, fd_hard, n1k, n100)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for p in paths:
+            if p.process is not None:
+                stop(p.process)
         broker.stop()
         broker_h.stop()
     return 0
@@ -330,7 +351,8 @@ def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
         "# Benchmarks", "",
         "Measured by `make bench` (`tests/bench/run_bench.py`): every path in one run on one "
         "machine, workloads interleaved in a shuffled order per repetition, medians of "
-        f"{1 if args.smoke else args.reps} repetitions. Loopback, tansu in-memory broker, "
+        f"{1 if args.smoke else args.reps} repetitions, each on freshly started (empty) "
+        "brokers. Loopback, tansu in-memory broker, "
         "confluent-kafka (librdkafka) clients each in their own process.", "",
         f"- machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"Linux {platform.release()}, Python {platform.python_version()}",
@@ -454,9 +476,14 @@ SCALING_NOTE = """
 - **Partitions.** Fetch (v16+) and Produce (v10+) responses are walked partition by
   partition to reach their tagged fields (records are skipped by length, never copied):
   cost grows with partitions per response, not with bytes.
-- **More than one core.** One kproxy process uses one core. Run one process per core
-  behind the same Service (the port mapping is deterministic, so replicas are
-  interchangeable), or several replicas; for a sidecar, one process is plenty.
+- **More than one core.** One kproxy process uses one core. On one host, start one
+  process per core with `--reuse-port on` and the same listen address and port base:
+  every process binds the same bootstrap and broker ports (SO_REUSEPORT) and the kernel
+  spreads new connections over them. Give each its own `--http` port and scrape them
+  all. Nothing needs sharing between them: a connection's upstream lives in the same
+  process, telemetry subscription ids are derived from the subscription and the
+  instance id, and the port mapping is deterministic. Across hosts, run replicas
+  behind one Service for the same reasons. For a sidecar, one process is plenty.
 """
 
 
