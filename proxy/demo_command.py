@@ -10,6 +10,7 @@ import trio
 from kproxy import config as config_mod
 from kproxy import logs
 from kproxy.embedded_broker import BrokerStartError, TansuBroker
+from kproxy.run_command import settle_heap
 from kproxy.server import Proxy
 
 TRY_CLIENT = (
@@ -63,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
   Ctrl-C stops both.
 """, flush=True)
     try:
-        trio.run(Proxy(cfg, reload_config=lambda: config_mod.load(args)).run)
+        proxy = Proxy(cfg, reload_config=lambda: config_mod.load(args))
+        settle_heap()
+        trio.run(proxy.run)
     except OSError as exc:
         print(f"kproxy demo: error: {exc}", file=sys.stderr)
         return 1

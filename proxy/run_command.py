@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 import trio
@@ -33,9 +34,21 @@ def run(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:  # e.g. a certificate that cannot be read
         print(f"kproxy run: error: {exc}", file=sys.stderr)
         return 2
+    settle_heap()
     try:
         trio.run(proxy.run)
     except OSError as exc:  # typically a port already in use
         print(f"kproxy run: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def settle_heap() -> None:
+    """Move everything built at start-up out of the garbage collector's reach.
+
+    The modules, schemas and registries never die, yet a full collection walks all of
+    them (about 8 ms, a latency spike for every request in flight). Frozen, a full
+    collection only visits what the running proxy allocated since.
+    """
+    gc.collect()
+    gc.freeze()
