@@ -6,6 +6,11 @@ frame that spans several chunks is assembled, once. Runs of frames that sit next
 each other in the same chunk can be relayed as one slice (``Frame.extends``). The
 declared size is checked before any buffering, so a peer cannot make us hold more
 than ``max_frame_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB by default).
+
+For a trusted peer (the broker) a large frame can instead be received in place: once
+its size is known, a buffer of that size is allocated and the rest of the frame is
+read straight into it (``room``/``filled``), so it is not assembled from chunks.
+Clients do not get this: a declared size alone would make the proxy allocate it.
 """
 
 from __future__ import annotations
@@ -58,19 +63,53 @@ class Frame:
 class FrameReader:
     """Accumulates received chunks and yields complete frames."""
 
-    __slots__ = ("_buffered", "_chunks", "_pos", "max_frame_bytes")
+    __slots__ = ("_buffered", "_chunks", "_filled", "_frame", "_pos", "in_place_from",
+                 "max_frame_bytes")
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 in_place_from: int | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
+        # Frames at least this large are received in place (trusted peers only).
+        self.in_place_from = in_place_from
         self._chunks: deque[Buffer] = deque()
         self._pos = 0  # read position in the first chunk
         self._buffered = 0
+        self._frame: bytearray | None = None  # a large frame being received in place
+        self._filled = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if data and self._frame is not None:  # the open frame takes what it still lacks
+            take = min(len(data), len(self._frame) - self._filled)
+            self._frame[self._filled : self._filled + take] = data[:take]
+            self._filled += take
+            data = data[take:]
         if data:
             # Received chunks are never modified, so frames may be views into them.
             self._chunks.append(data if isinstance(data, bytes) else bytes(data))
             self._buffered += len(data)
+
+    def room(self) -> memoryview | None:
+        """Where the rest of a large frame is to be received, or None: ``feed`` chunks."""
+        if self._frame is None or self._filled == len(self._frame):
+            return None
+        return memoryview(self._frame)[self._filled :]
+
+    def filled(self, n: int) -> None:
+        """``n`` more bytes were received into ``room()``."""
+        assert self._frame is not None and self._filled + n <= len(self._frame)
+        self._filled += n
+
+    def _open_in_place(self, total: int) -> None:
+        """Move the buffered start of a large frame into a buffer of its full size."""
+        frame = bytearray(total)
+        filled = 0
+        for chunk in self._chunks:
+            part = memoryview(chunk)[self._pos :] if filled == 0 else memoryview(chunk)
+            frame[filled : filled + len(part)] = part
+            filled += len(part)
+        self._chunks.clear()
+        self._pos = self._buffered = 0
+        self._frame, self._filled = frame, filled
 
     def buffered(self) -> int:
         return self._buffered
@@ -89,6 +128,11 @@ class FrameReader:
 
     def next_wire(self) -> Frame | None:
         """The next complete frame, or None when more bytes are needed."""
+        if self._frame is not None:
+            if self._filled < len(self._frame):
+                return None
+            whole, self._frame = self._frame, None
+            return Frame(whole, 0, len(whole))
         if self._buffered < 4:
             return None
         (size,) = _SIZE.unpack(self._peek(4))
@@ -98,6 +142,8 @@ class FrameReader:
             raise FrameTooLarge(size, self.max_frame_bytes)
         total = size + 4
         if self._buffered < total:
+            if self.in_place_from is not None and total >= self.in_place_from:
+                self._open_in_place(total)
             return None
         self._buffered -= total
         head = self._chunks[0]

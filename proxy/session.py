@@ -286,15 +286,27 @@ class Session:
 
     async def _responses(self) -> None:
         upstream = self._upstream_transport()
-        reader = FrameReader(self.ctx.config.max_frame_bytes)
+        # The broker is trusted with allocations of the sizes it declares: large
+        # responses (fetches) are received in place, never assembled from chunks.
+        reader = FrameReader(self.ctx.config.max_frame_bytes, in_place_from=RECV_BYTES)
         while True:
-            data = upstream.receive_now(RECV_BYTES)
-            if data is None:
-                data = await upstream.receive(RECV_BYTES)
-            if not data:
+            room = reader.room()
+            if room is not None:
+                n = upstream.receive_into_now(room)
+                if n is None:
+                    n = await upstream.receive_into(room)
+                room.release()
+                if n:
+                    reader.filled(n)
+            else:
+                data = upstream.receive_now(RECV_BYTES)
+                if data is None:
+                    data = await upstream.receive(RECV_BYTES)
+                n = len(data)
+                reader.feed(data)
+            if not n:
                 self.ctx.upstream_lost(self, "broker closed the connection")
                 raise SessionClosed("upstream closed the connection")
-            reader.feed(data)
             try:
                 frames = reader.wire_frames()
                 if frames:

@@ -41,6 +41,16 @@ class Transport:
         """Bytes the kernel already holds, b"" at end of stream, or None: call ``receive``."""
         return None
 
+    async def receive_into(self, room: memoryview) -> int:
+        """Receive into ``room``: how many bytes (at least one), or 0 at end of stream."""
+        data = await self.receive(len(room))
+        room[: len(data)] = data
+        return len(data)
+
+    def receive_into_now(self, room: memoryview) -> int | None:
+        """Like ``receive_now``, into ``room``: a count, 0 at end of stream, or None."""
+        return None
+
     def send_now(self, parts: list[Buffer]) -> list[Buffer]:
         """Write what the kernel takes without waiting; returns what is left."""
         return parts
@@ -98,6 +108,28 @@ class SocketTransport(Transport):
             return None
         self._drained = len(data) < max_bytes
         return data
+
+    async def receive_into(self, room: memoryview) -> int:
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            self._ops = 0
+            try:
+                n = os.readv(self.fd, [room])
+            except BlockingIOError:
+                continue
+            self._drained = n < len(room)
+            return n
+
+    def receive_into_now(self, room: memoryview) -> int | None:
+        if self._drained or not self._did_not_wait():
+            return None
+        try:
+            n = os.readv(self.fd, [room])
+        except BlockingIOError:
+            self._drained = True
+            return None
+        self._drained = n < len(room)
+        return n
 
     def send_now(self, parts: list[Buffer]) -> list[Buffer]:
         if not self._did_not_wait():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kproxy.codecs import api_keys, interpreter
 from kproxy.codecs.errors import CodecError
@@ -29,6 +31,49 @@ def test_frames_split_across_arbitrary_chunks() -> None:
         out.extend(reader.frames())
     assert out == bodies
     assert reader.buffered() == 0
+
+
+@given(bodies=st.lists(st.binary(max_size=300), max_size=6),
+       cuts=st.lists(st.integers(1, 97), min_size=1, max_size=20),
+       into_room=st.lists(st.booleans(), min_size=1, max_size=20))
+def test_large_frames_received_in_place_come_out_whole_and_in_order(
+        bodies: list[bytes], cuts: list[int], into_room: list[bool]) -> None:
+    stream = b"".join(frame(b) for b in bodies)
+    reader = FrameReader(in_place_from=64)
+    out, pos, step = [], 0, 0
+    while pos < len(stream):
+        size = cuts[step % len(cuts)]
+        room = reader.room()
+        if room is not None and into_room[step % len(into_room)]:
+            n = min(size, len(room), len(stream) - pos)
+            room[:n] = stream[pos : pos + n]  # as a socket read into the buffer would
+            room.release()
+            reader.filled(n)
+        else:  # a chunk may also carry the end of an open frame and what follows it
+            n = min(size, len(stream) - pos)
+            reader.feed(stream[pos : pos + n])
+        pos += n
+        step += 1
+        out.extend(reader.frames())
+    assert out == bodies
+    assert reader.room() is None and reader.buffered() == 0
+
+
+def test_in_place_room_is_the_rest_of_the_declared_frame() -> None:
+    body = bytes(range(256)) * 4
+    reader = FrameReader(in_place_from=100)
+    reader.feed(frame(body)[:10])
+    assert reader.next_frame() is None
+    room = reader.room()
+    assert room is not None and len(room) == len(body) + 4 - 10
+    room[:] = frame(body)[10:]
+    room.release()
+    reader.filled(len(body) + 4 - 10)
+    assert reader.room() is None
+    assert reader.next_frame() == body
+    plain = FrameReader()  # clients never get a buffer of a size they only declared
+    plain.feed(frame(body)[:10])
+    assert plain.next_frame() is None and plain.room() is None
 
 
 def test_declared_size_over_limit_is_rejected_before_buffering() -> None:

@@ -94,3 +94,23 @@ async def test_a_short_read_means_drained_and_busy_readers_yield() -> None:
         assert rest == b"y" * (1000 - 10 * (FAIRNESS_OPS + 1))
     finally:
         await b.aclose()
+
+
+async def test_receive_into_fills_the_given_room() -> None:
+    a, b = await _socket_pair()
+    reader = SocketTransport(b)
+    buf = bytearray(10)
+    try:
+        await a.send_all(b"0123456789abc")
+        assert await reader.receive_into(memoryview(buf)[:4]) == 4  # full: more may be there
+        assert reader.receive_into_now(memoryview(buf)[4:]) == 6
+        assert bytes(buf) == b"0123456789"
+        left = bytearray(10)
+        assert reader.receive_into_now(memoryview(left)) == 3  # short: drained
+        assert reader.receive_into_now(memoryview(left)) is None
+        await a.aclose()
+        assert await reader.receive_into(memoryview(left)) == 0  # end of stream
+        stream_side = StreamTransport(trio.testing.memory_stream_pair()[0])
+        assert stream_side.receive_into_now(memoryview(left)) is None
+    finally:
+        await b.aclose()
