@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import platform
 import random
@@ -197,6 +198,19 @@ def median(path: Path_, key: str, field_: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def paired(a: Path_, b: Path_, key: str, field_: str,
+           combine: Callable[[float, float], float]) -> float | None:
+    """The median over repetitions of ``combine(a, b)`` within each repetition.
+
+    Each repetition runs on fresh brokers, so comparing within it cancels what the
+    broker's state and the machine did to that repetition as a whole.
+    """
+    vals = [combine(x[field_], y[field_])
+            for x, y in zip(a.results.get(key, []), b.results.get(key, []), strict=False)
+            if field_ in x and y.get(field_)]
+    return statistics.median(vals) if vals else None
+
+
 def spread(path: Path_, key: str, field_: str = "mb_s") -> str:
     vals = [r[field_] for r in path.results.get(key, []) if field_ in r]
     return f"{min(vals):.0f}-{max(vals):.0f}" if vals else "-"
@@ -205,7 +219,7 @@ def spread(path: Path_, key: str, field_: str = "mb_s") -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny version for make test")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--json", default=str(ROOT / "docs" / "benchmarks.json"))
     parser.add_argument("--from-json", help="rewrite the report from a run's saved results")
@@ -223,16 +237,23 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
-    # Two brokers, identical: one advertises itself (direct, kproxy, tansu proxy
-    # rewrite or reach it), one advertises haproxy's port (haproxy cannot rewrite).
-    broker = TansuBroker(log_path=work / "broker.log").start()
-    haproxy_port, haproxy_broker_port = free_port(), free_port()
-    broker_h = TansuBroker(port=haproxy_broker_port, advertised=f"127.0.0.1:{haproxy_port}",
-                           log_path=work / "broker-h.log").start()
-    paths = [Path_("direct", broker.bootstrap)]
+    # One broker per path, all started afresh for every repetition, so that every path
+    # sees the same broker history: tansu keeps every message in memory and slows
+    # down as it fills. haproxy cannot rewrite addresses: its broker advertises
+    # haproxy's port instead of its own.
+    haproxy_port = free_port()
+    brokers = {name: TansuBroker(log_path=work / f"broker-{name.split()[0]}.log")
+               for name in ("direct", "kproxy", "tansu proxy")}
+    brokers["haproxy (tcp)"] = TansuBroker(port=free_port(),
+                                           advertised=f"127.0.0.1:{haproxy_port}",
+                                           log_path=work / "broker-haproxy.log")
+    for b in brokers.values():
+        b.start()
+    paths = [Path_("direct", brokers["direct"].bootstrap)]
     try:
         kp_port, kp_http, kp_base = free_port(), free_port(), free_port()
-        kp = start([sys.executable, "-m", "kproxy.cli", "run", "--upstream", broker.bootstrap,
+        kp = start([sys.executable, "-m", "kproxy.cli", "run",
+                    "--upstream", brokers["kproxy"].bootstrap,
                     "--listen", f"127.0.0.1:{kp_port}", "--http", f"127.0.0.1:{kp_http}",
                     "--broker-port-base", str(kp_base), "--node-id-range", "111-111",
                     "--telemetry-default-interval-ms", "100", "--log-level", "warning",
@@ -244,7 +265,7 @@ def main() -> int:
         tp = free_port()
         tansu_cmd = [tansu_binary(), "proxy", "--listener-url", f"tcp://127.0.0.1:{tp}",
                      "--advertised-listener-url", f"tcp://127.0.0.1:{tp}",
-                     "--origin-url", f"tcp://{broker.bootstrap}"]
+                     "--origin-url", f"tcp://{brokers['tansu proxy'].bootstrap}"]
         tansu = Path_("tansu proxy", f"127.0.0.1:{tp}",
                       start(tansu_cmd, tp, work / "tansu-proxy.log"))
         paths.append(tansu)
@@ -255,7 +276,7 @@ def main() -> int:
                 "global\n  maxconn 9900\ndefaults\n  mode tcp\n  timeout connect 5s\n"
                 "  timeout client 1h\n  timeout server 1h\n"
                 f"listen kafka\n  bind 127.0.0.1:{haproxy_port}\n"
-                f"  server b 127.0.0.1:{haproxy_broker_port}\n")
+                f"  server b {brokers['haproxy (tcp)'].bootstrap}\n")
             hp = start([haproxy_bin, "-db", "-f", str(cfg)], haproxy_port, work / "haproxy.log")
             paths.append(Path_("haproxy (tcp)", f"127.0.0.1:{haproxy_port}", hp))
 
@@ -266,12 +287,9 @@ def main() -> int:
             tansu.process = start(tansu_cmd, tp, work / "tansu-proxy.log")
 
         def fresh_brokers() -> None:
-            """Empty brokers, topics made and the consume topic filled, for every path.
-
-            tansu keeps every message in memory and slows down as it fills, so each
-            repetition starts from empty brokers (same ports, same cluster id).
-            """
-            for b in (broker, broker_h):
+            """Empty brokers (same ports, same cluster id), topics made and the consume
+            topic filled, for every path."""
+            for b in brokers.values():
                 b.stop()
                 b.start()
             restart_tansu_proxy()
@@ -324,8 +342,8 @@ def main() -> int:
         for p in paths:
             if p.process is not None:
                 stop(p.process)
-        broker.stop()
-        broker_h.stop()
+        for b in brokers.values():
+            b.stop()
     return 0
 
 
@@ -346,8 +364,8 @@ def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
     direct = paths[0]
 
     def ratio(p: Path_, key: str, field_: str) -> str:
-        v, d = median(p, key, field_), median(direct, key, field_)
-        return f"{v / d:.2f}" if v is not None and d else "-"
+        r = paired(p, direct, key, field_, operator.truediv)
+        return "-" if r is None else f"{r:.2f}"
 
     def fmt(v: float | None, digits: int = 1) -> str:
         return "-" if v is None else f"{v:.{digits}f}"
@@ -355,10 +373,12 @@ def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
     lines = [
         "# Benchmarks", "",
         "Measured by `make bench` (`tests/bench/run_bench.py`): every path in one run on one "
-        "machine, workloads interleaved in a shuffled order per repetition, medians of "
+        "machine, workloads interleaved in a shuffled order per repetition, "
         f"{1 if args.smoke else args.reps} repetitions, each on freshly started (empty) "
-        "brokers. Loopback, tansu in-memory broker, "
-        "confluent-kafka (librdkafka) clients each in their own process.", "",
+        "brokers, one per path. Values are medians over the repetitions; ratios and "
+        "differences are taken within each repetition, then the median of those. "
+        "Loopback, tansu in-memory broker, confluent-kafka (librdkafka) clients each in "
+        "their own process.", "",
         f"- machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"Linux {platform.release()}, Python {platform.python_version()}",
         f"- run took {elapsed:.0f} s; command: `make bench`"
@@ -435,19 +455,17 @@ def targets(paths: list[Path_], tel: dict[str, float], counts: list[int]) -> lis
 
     for key, label in (("produce_1k", "produce 1 KB"), ("produce_100b", "produce 100 B"),
                        ("consume", "consume 1 KB")):
-        d, k = median(direct, key, "mb_s"), median(kp, key, "mb_s")
-        r = k / d if k and d else None
+        r = paired(kp, direct, key, "mb_s", operator.truediv)
         row(f"{label}: kproxy / direct", r, ">= 0.90", None if r is None else r >= 0.9)
-        t = median(tansu, key, "mb_s") if tansu else None
-        r2 = k / t if k and t else None
+        r2 = paired(kp, tansu, key, "mb_s", operator.truediv) if tansu else None
         row(f"{label}: kproxy / tansu proxy", r2, ">= 1.5", None if r2 is None else r2 >= 1.5)
-        if t and d and 1.5 * t > d:
-            ceilings.append(f"- {label}: `tansu proxy` reached {t / d:.2f} of direct, so 1.5x "
-                            f"it ({1.5 * t / d:.2f} of direct) is above what going straight "
+        t = paired(tansu, direct, key, "mb_s", operator.truediv) if tansu else None
+        if t is not None and 1.5 * t > 1:
+            ceilings.append(f"- {label}: `tansu proxy` reached {t:.2f} of direct, so 1.5x "
+                            f"it ({1.5 * t:.2f} of direct) is above what going straight "
                             "to the broker achieves: no proxy can meet that target here.")
     for key, label in (("produce_latency", "produce"), ("metadata_latency", "Metadata")):
-        d, k = median(direct, key, "p99_ms"), median(kp, key, "p99_ms")
-        added = k - d if k is not None and d is not None else None
+        added = paired(kp, direct, key, "p99_ms", operator.sub)
         row(f"p99 latency added, {label}, 1,000/s (ms)", added, "< 0.5",
             None if added is None else added < 0.5)
     idle = kp.results.get("idle", [{}])[0]
