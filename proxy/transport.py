@@ -135,11 +135,14 @@ class SocketTransport(Transport):
         if not self._did_not_wait():
             return parts
         while parts:
+            batch = parts[:MAX_IOV]
             try:
-                sent = os.writev(self.fd, parts[:MAX_IOV])
+                sent = os.writev(self.fd, batch)
             except BlockingIOError:
                 return parts
             parts = _consume(parts, sent)
+            if parts and sent < sum(map(len, batch)):
+                return parts  # a short write: the send buffer is full, a retry would fail
         return parts
 
     async def send_rest(self, parts: list[Buffer]) -> None:
