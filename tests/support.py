@@ -160,13 +160,18 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
             time.sleep(0.1)
         yield kp
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a drain), then SIGKILL if it has not exited within 15 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def direct_connections(pid: int, port: int) -> int:

@@ -16,7 +16,6 @@ import platform
 import random
 import resource
 import shutil
-import signal
 import socket
 import statistics
 import struct
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import TansuBroker, free_port, tansu_binary, wait_for_port  # noqa: E402
+from tests.support import stop_process as stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import read_exactly  # noqa: E402
@@ -78,16 +78,6 @@ def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = Non
         proc.kill()
         raise RuntimeError(f"{cmd[0]} did not start: {log.read_text()[-800:]}")
     return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def workload(kind: str, bootstrap: str, **opts: object) -> dict[str, float]:
