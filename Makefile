@@ -74,12 +74,14 @@ bench: $(DEV) bench-tools
 # live proxy. Findings are written as crash-* files in fuzz-corpus/ and fail the run.
 FUZZ_SECONDS ?= 600
 FUZZ_EXAMPLES ?= 1000
+# The live fuzz takes about a third of a second per example: the suite's 300 s
+# per-test timeout would cut it short, so it gets one second per example on top.
 fuzz: $(DEV)
 	mkdir -p fuzz-corpus/codecs
 	cd fuzz-corpus && $(CURDIR)/$(BIN)/python $(CURDIR)/tests/fuzz/atheris_codecs.py \
 	  -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 codecs
 	KPROXY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider \
-	  tests/test_fuzz_live.py tests/test_fuzz_decoders.py
+	  --timeout=$$(( 300 + $(FUZZ_EXAMPLES) )) tests/test_fuzz_live.py tests/test_fuzz_decoders.py
 
 # Mixed produce/consume/group/telemetry traffic through the proxy for SOAK_SECONDS;
 # fails on lost messages or on memory or file descriptors that keep growing.
