@@ -258,35 +258,42 @@ _FIXED_SIZES = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int6
 # a short list of steps, with runs of fixed-width fields merged into one.
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_FIXED, _SIZED, _FIXED_ARRAY, _STRUCT_ARRAY, _STRUCT, _TAGS, _OTHER = range(7)
-SkipProgram = tuple[tuple[int, Any], ...]
+_FIXED, _SIZED, _ARRAY, _STRUCT, _TAGS = range(5)
+Step = tuple[int, Any]
+SkipProgram = tuple[Step, ...]
+
+
+def _step(t: FieldType, version: int, flexible: bool) -> Step:
+    """How to skip one value of type ``t``."""
+    if isinstance(t, ArrayOf):
+        return (_ARRAY, _step(t.item, version, flexible))
+    if isinstance(t, Struct):
+        return (_STRUCT, _skip_program(t, version, flexible))
+    size = _FIXED_SIZES.get(t)
+    if size is not None:
+        return (_FIXED, size)
+    if t in ("string", "bytes", "records"):
+        return (_SIZED, t == "string")
+    raise CodecError(f"no way to skip type {t}")  # pragma: no cover - schema bug
 
 
 @lru_cache(maxsize=4096)
 def _skip_program(st: Struct, version: int, flexible: bool) -> SkipProgram:
-    steps: list[tuple[int, Any]] = []
+    steps: list[Step] = []
     for fld in _plan(st, version, flexible).regular:
-        t = fld.type
-        if isinstance(t, str) and t in _FIXED_SIZES:
-            if steps and steps[-1][0] == _FIXED:
-                steps[-1] = (_FIXED, steps[-1][1] + _FIXED_SIZES[t])
-            else:
-                steps.append((_FIXED, _FIXED_SIZES[t]))
-        elif t == "string":
-            steps.append((_SIZED, True))
-        elif t in ("bytes", "records"):
-            steps.append((_SIZED, False))
-        elif isinstance(t, ArrayOf) and isinstance(t.item, str) and t.item in _FIXED_SIZES:
-            steps.append((_FIXED_ARRAY, _FIXED_SIZES[t.item]))
-        elif isinstance(t, ArrayOf) and isinstance(t.item, Struct):
-            steps.append((_STRUCT_ARRAY, _skip_program(t.item, version, flexible)))
-        elif isinstance(t, Struct):
-            steps.append((_STRUCT, _skip_program(t, version, flexible)))
+        step = _step(fld.type, version, flexible)
+        if step[0] == _FIXED and steps and steps[-1][0] == _FIXED:
+            steps[-1] = (_FIXED, steps[-1][1] + step[1])
         else:
-            steps.append((_OTHER, (t, version)))
+            steps.append(step)
     if flexible:
         steps.append((_TAGS, None))
     return tuple(steps)
+
+
+def _skip_value(t: FieldType, version: int, flexible: bool, r: Reader) -> None:
+    """Skip one value of any type."""
+    _run_skip((_step(t, version, flexible),), flexible, r)
 
 
 def _run_skip(program: SkipProgram, flexible: bool, r: Reader) -> None:
@@ -319,52 +326,26 @@ def _skip_at(program: SkipProgram, flexible: bool, r: Reader, pos: int) -> int:
                 raise CodecError(f"invalid length {n}", offset=at)
             if n > 0:
                 pos += n
-        elif step in (_FIXED_ARRAY, _STRUCT_ARRAY):
+        elif step == _ARRAY:
             n, pos = _length(r, pos, flexible, wide=True)
             if n < -1 or n > end - pos:
                 raise CodecError(f"invalid array length {n}", offset=at)
-            if step == _FIXED_ARRAY:
-                pos += max(n, 0) * arg
+            item, inner = arg
+            if item == _FIXED:
+                pos += max(n, 0) * inner
             else:
+                item_program = inner if item == _STRUCT else (arg,)
                 for _ in range(n):
-                    pos = _skip_at(arg, flexible, r, pos)
+                    pos = _skip_at(item_program, flexible, r, pos)
         elif step == _STRUCT:
             pos = _skip_at(arg, flexible, r, pos)
-        else:
+        else:  # _TAGS
             r.pos = pos
-            if step == _TAGS:
-                _skip_tags(r)
-            else:
-                _skip_value(arg[0], arg[1], flexible, r)
+            _skip_tags(r)
             pos = r.pos
         if pos > end:
             raise CodecError(f"needs {pos - at} bytes, {end - at} left", offset=at)
     return pos
-
-
-def _skip_value(t: FieldType, version: int, flexible: bool, r: Reader) -> None:
-    """Skip one value of any type (what a skip program does not inline)."""
-    if isinstance(t, Struct):
-        _run_skip(_skip_program(t, version, flexible), flexible, r)
-        return
-    if isinstance(t, ArrayOf):
-        at = r.pos
-        n = r.array_length(flexible)
-        if n < -1 or n > r.remaining():
-            raise CodecError(f"invalid array length {n}", offset=at)
-        for _ in range(n):
-            _skip_value(t.item, version, flexible, r)
-        return
-    size = _FIXED_SIZES.get(t)
-    if size is not None:
-        r.skip(size)
-        return
-    at = r.pos
-    n = r.string_length(flexible) if t == "string" else r.bytes_length(flexible)
-    if n < -1:
-        raise CodecError(f"invalid length {n}", offset=at)
-    if n > 0:
-        r.skip(n)
 
 
 def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int, Message]:
