@@ -162,23 +162,22 @@ class Session:
         first_deadline = trio.current_time() + self.ctx.config.first_request_timeout
         client = self._client_io
         while not self._draining:
-            data = client.receive_now(RECV_BYTES)
-            if data is None:
+            n = client.fill_now(reader, RECV_BYTES)
+            if n is None:
                 # Only the wait for bytes is cancellable by a drain: a request already
                 # taken is always sent upstream and answered. One scope serves both:
                 # a drain cancels it, the read deadline expires it.
                 self._recv_scope = trio.CancelScope(
                     deadline=self._read_deadline(first_deadline))
                 with self._recv_scope:
-                    data = await client.receive(RECV_BYTES)
+                    n = await client.fill(reader, RECV_BYTES)
                 if self._recv_scope.cancelled_caught:
                     if self._draining:
                         break
                     self._check_timeouts()
                     continue
-            if not data:
+            if not n:
                 raise SessionClosed("client closed the connection")
-            reader.feed(data)
             await self._handle_requests(reader)
         # Draining: wait until every request already taken has been answered.
         with trio.move_on_after(self.ctx.config.drain_timeout):
@@ -290,20 +289,9 @@ class Session:
         # responses (fetches) are received in place, never assembled from chunks.
         reader = FrameReader(self.ctx.config.max_frame_bytes, in_place_from=RECV_BYTES)
         while True:
-            room = reader.room()
-            if room is not None:
-                n = upstream.receive_into_now(room)
-                if n is None:
-                    n = await upstream.receive_into(room)
-                room.release()
-                if n:
-                    reader.filled(n)
-            else:
-                data = upstream.receive_now(RECV_BYTES)
-                if data is None:
-                    data = await upstream.receive(RECV_BYTES)
-                n = len(data)
-                reader.feed(data)
+            n = upstream.fill_now(reader, RECV_BYTES)
+            if n is None:
+                n = await upstream.fill(reader, RECV_BYTES)
             if not n:
                 self.ctx.upstream_lost(self, "broker closed the connection")
                 raise SessionClosed("upstream closed the connection")

@@ -22,6 +22,8 @@ import os
 
 import trio
 
+from kproxy.codecs.framing import FrameReader
+
 Buffer = bytes | bytearray | memoryview
 
 # After this many operations that did not wait, yield once to the scheduler.
@@ -32,6 +34,35 @@ MAX_IOV = 1024
 
 class Transport:
     """A connection as the relay uses it; subclasses decide how bytes move."""
+
+    def fill_now(self, reader: FrameReader, max_bytes: int) -> int | None:
+        """Give ``reader`` what the kernel already holds: a count, 0 at end of stream,
+        or None (call ``fill``). A large frame the reader opened is received in place."""
+        room = reader.room()
+        if room is None:
+            data = self.receive_now(max_bytes)
+            if data is None:
+                return None
+            reader.feed(data)
+            return len(data)
+        with room:
+            n = self.receive_into_now(room)
+        if n:
+            reader.filled(n)
+        return n
+
+    async def fill(self, reader: FrameReader, max_bytes: int) -> int:
+        """Like ``fill_now``, waiting for at least one byte or the end of the stream."""
+        room = reader.room()
+        if room is None:
+            data = await self.receive(max_bytes)
+            reader.feed(data)
+            return len(data)
+        with room:
+            n = await self.receive_into(room)
+        if n:
+            reader.filled(n)
+        return n
 
     async def receive(self, max_bytes: int) -> bytes:
         """At least one byte, or b"" at end of stream; waits as long as it takes."""

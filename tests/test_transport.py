@@ -114,3 +114,36 @@ async def test_receive_into_fills_the_given_room() -> None:
         assert stream_side.receive_into_now(memoryview(left)) is None
     finally:
         await b.aclose()
+
+
+async def test_fill_feeds_chunks_and_receives_a_large_frame_in_place() -> None:
+    from kproxy.codecs.framing import FrameReader, frame
+
+    a, b = await _socket_pair()
+    io = SocketTransport(b)
+    reader = FrameReader(in_place_from=1000)
+    big, small = os.urandom(200_000), b"tail"
+    try:
+        assert io.fill_now(reader, 64) is None  # nothing received yet: wait first
+        await a.send_all(frame(big)[:64])
+        assert await io.fill(reader, 64) == 64  # a chunk: the size is now known
+        assert reader.next_frame() is None and reader.room() is not None
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:  # more than the socket buffers hold
+                nursery.start_soon(a.send_all, frame(big)[64:] + frame(small))
+                while reader.room() is not None:  # the rest of the big frame, in place
+                    n = io.fill_now(reader, 64)
+                    if n is None:
+                        n = await io.fill(reader, 64)
+                    assert n
+                assert reader.next_frame() == big
+                while (got := reader.next_frame()) is None:
+                    n = io.fill_now(reader, 64)
+                    assert n != 0
+                    if n is None:
+                        await io.fill(reader, 64)
+            assert got == small
+            await a.aclose()
+            assert await io.fill(reader, 64) == 0  # end of stream
+    finally:
+        await b.aclose()
