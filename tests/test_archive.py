@@ -20,7 +20,7 @@ def lines(paths: list[Path]) -> list[dict[str, object]]:
     return [json.loads(line) for p in paths for line in p.read_text().splitlines()]
 
 
-def wait_until(predicate: object, timeout: float = 10) -> None:
+def wait_until(predicate: object, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():  # type: ignore[operator]
         assert time.monotonic() < deadline

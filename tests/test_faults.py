@@ -100,7 +100,7 @@ def test_idempotent_producer_loses_nothing_but_the_dying_brokers_last_batch(
             assert not errors, errors[:5]
             assert len(acked) == sent[0]
         got = [value for _, value in read_partition(broker.bootstrap, "faults", len(acked),
-                                                     seconds=60, eof_after=len(acked) - 50)]
+                                                     eof_after=len(acked) - 50)]
         assert len(got) == len(set(got)), "duplicates in the log"
         # tansu 0.6 acknowledges a batch before its storage write is durable: killed
         # (SIGKILL or SIGTERM) it can lose the batch it acknowledged last, 8-12 messages

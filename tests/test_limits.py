@@ -56,7 +56,7 @@ async def test_connection_limits_global_and_per_source(
     assert sum("per-source connection limit" in r.getMessage() for r in caplog.records) == 1
     # Closing one frees its place.
     await first[0].aclose()
-    with trio.fail_after(5):
+    with trio.fail_after(30):
         while proxy.connections_by_source.get("127.0.0.1", 0) > 1:
             await trio.sleep(0.05)
     again = await RawClient.connect(port)

@@ -46,7 +46,7 @@ def subscriptions(*prefixes: str) -> str:
     return f"[[telemetry.subscriptions]]\nmetrics = [{metrics}]\ninterval_ms = 100\n"
 
 
-def wait_for_log(kp: object, needle: str, timeout: float = 10) -> None:
+def wait_for_log(kp: object, needle: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while needle not in kp.log():  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, f"no {needle!r} in the log"
