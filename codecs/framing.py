@@ -11,6 +11,9 @@ For a trusted peer (the broker) a large frame can instead be received in place: 
 its size is known, a buffer of that size is allocated and the rest of the frame is
 read straight into it (``room``/``filled``), so it is not assembled from chunks.
 Clients do not get this: a declared size alone would make the proxy allocate it.
+Or a large frame can be passed through: ``take_partial`` hands over what is buffered
+of it and how much is still to come, and the caller relays the rest as it arrives
+without buffering it here at all (cut-through).
 """
 
 from __future__ import annotations
@@ -113,6 +116,51 @@ class FrameReader:
 
     def buffered(self) -> int:
         return self._buffered
+
+    def held(self) -> int:
+        """Bytes this reader keeps alive: buffered chunks and a frame opened in place."""
+        return self._buffered + (len(self._frame) if self._frame is not None else 0)
+
+    def pending(self) -> tuple[int, bytes] | None:
+        """The frame being received, when its start is buffered but not all of it.
+
+        Returns its total size (prefix included) and up to its first 8 bytes (size and,
+        for a response, the correlation id), or None: no frame or a complete one is
+        next, or it is already open in place. Checks the size like ``next_wire``.
+        """
+        if self._frame is not None or self._buffered < 4:
+            return None
+        (size,) = _SIZE.unpack(self._peek(4))
+        if size < 0:
+            raise CodecError(f"negative frame size {size}", what="frame size", offset=0)
+        if size > self.max_frame_bytes:
+            raise FrameTooLarge(size, self.max_frame_bytes)
+        total = size + 4
+        if self._buffered >= total:
+            return None
+        return total, self._peek(min(8, self._buffered))
+
+    def open_in_place(self) -> None:
+        """Receive the pending frame (see ``pending``) in place from now on."""
+        pending = self.pending()
+        assert pending is not None
+        self._open_in_place(pending[0])
+
+    def take_partial(self) -> tuple[list[memoryview], int]:
+        """Hand over the pending frame: its buffered bytes, and how many are still to come.
+
+        The reader is empty afterwards; the caller relays the rest of the frame and
+        feeds whatever follows it back in.
+        """
+        pending = self.pending()
+        assert pending is not None
+        parts = [memoryview(c) for c in self._chunks]
+        if parts:
+            parts[0] = parts[0][self._pos :]
+        rest = pending[0] - self._buffered
+        self._chunks.clear()
+        self._pos = self._buffered = 0
+        return parts, rest
 
     def _peek(self, n: int) -> bytes:
         """The next ``n`` buffered bytes (only called for the 4-byte size)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.headers import read_response_header
-from kproxy.codecs.interpreter import NO_FIELDS, encode_top_level_tags, read_top_level_tags
+from kproxy.codecs.interpreter import encode_top_level_tags, read_top_level_tags
 from kproxy.codecs.messages import Response, decode_response, encode_response
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
@@ -61,7 +61,6 @@ def rewrite_broker_list(brokers: list[Body], pm: PortMap, seen: Seen,
 # part, are skipped rather than decoded and copied back as bytes. Their encoding is
 # the same in v12 and v13, so this also holds across the v12->v13 bridge.
 METADATA_OPAQUE = frozenset({"topics"})
-_OPAQUE = {api_keys.METADATA: METADATA_OPAQUE}
 
 
 def rewrite_metadata(body: Body, pm: PortMap) -> Seen:
@@ -101,22 +100,14 @@ def rewrite_find_coordinator(body: Body, api_version: int, pm: PortMap) -> Seen:
 
 # ----------------------------------------------------------------------------- frames
 
+# Metadata is rewritten by its own handler (cache, v13 bridge, rebootstrap injection).
 _DECODED_REWRITES = {
-    api_keys.METADATA: lambda body, _v, pm: rewrite_metadata(body, pm),
     api_keys.DESCRIBE_CLUSTER: lambda body, _v, pm: rewrite_describe_cluster(body, pm),
     api_keys.FIND_COORDINATOR: rewrite_find_coordinator,
 }
 
 # First version of Produce / Fetch responses that may carry NodeEndpoints (KIP-951).
 NODE_ENDPOINTS_SINCE = {api_keys.PRODUCE: 10, api_keys.FETCH: 16}
-
-
-def carries_addresses(api_key: int, api_version: int) -> bool:
-    """Whether a response of this API and version needs an address rewrite at all."""
-    if api_key in _DECODED_REWRITES:
-        return True
-    since = NODE_ENDPOINTS_SINCE.get(api_key)
-    return since is not None and api_version >= since
 
 
 @dataclass
@@ -131,7 +122,7 @@ def rewrite_response_frame(api_key: int, api_version: int, frame: bytes | memory
     """Rewrite one response frame body; raises CodecError when it cannot be read."""
     rewrite = _DECODED_REWRITES.get(api_key)
     if rewrite is not None:
-        resp = decode_response(frame, api_key, api_version, _OPAQUE.get(api_key, NO_FIELDS))
+        resp = decode_response(frame, api_key, api_version)
         seen = rewrite(resp.body, api_version, pm)
         return Rewritten(encode_response(resp), seen, resp)
     return _rewrite_node_endpoints(api_key, api_version, frame, pm)

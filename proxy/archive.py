@@ -20,10 +20,13 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kproxy.logs import RateLimitedLog
 
@@ -192,3 +195,24 @@ class ArchiveWriter:
             self.stats.files_deleted += 1
             log.info("archive over its size bound: removed the oldest file",
                      extra={"fields": {"file": str(path), "bytes": size}})
+
+
+class ArchiveCollector(Collector):
+    """The archive writer's counters on /metrics, read at scrape time."""
+
+    def __init__(self, archive: ArchiveWriter) -> None:
+        self.archive = archive
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.archive.stats
+        records = CounterMetricFamily("kproxy_archive_records", "Archive records, by kind and "
+                                      "outcome (dropped: the writer was behind or the disk "
+                                      "failed)", labels=["kind", "outcome"])
+        for kind in KINDS:
+            records.add_metric([kind, "written"], stats.written[kind])
+            records.add_metric([kind, "dropped"], stats.dropped[kind])
+        yield records
+        yield CounterMetricFamily("kproxy_archive_files_deleted", "Completed archive files "
+                                  "removed to stay under the size bound", stats.files_deleted)
+        yield GaugeMetricFamily("kproxy_archive_bytes", "Bytes of completed archive files",
+                                stats.bytes_on_disk)

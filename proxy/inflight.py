@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame
+from kproxy.errors import ProtocolViolation
 
 
 @dataclass(slots=True)
@@ -68,6 +68,27 @@ class OrderedResponses:
         self._slots.append(slot)
         return slot
 
+    def answer_later(self, correlation_id: int, api_key: int, api_version: int,
+                     now: float) -> Slot:
+        """A local answer still being made: it holds its place until its ``wire`` is set."""
+        slot = Slot(correlation_id, api_key, api_version, now, upstream=False)
+        self._slots.append(slot)
+        return slot
+
+    def peek_upstream(self, correlation_id: int) -> Slot | None:
+        """The slot the upstream response with this id will fill, without taking it."""
+        head = self._awaiting_upstream[0] if self._awaiting_upstream else None
+        return head if head is not None and head.correlation_id == correlation_id else None
+
+    def is_next(self, slot: Slot) -> bool:
+        """Whether ``slot`` is the oldest response still owed to the client."""
+        return bool(self._slots) and self._slots[0] is slot
+
+    def pop_head(self, slot: Slot) -> None:
+        """Take ``slot`` off the head without a ``wire``: it was passed through as it came."""
+        assert self._slots[0] is slot
+        self._slots.popleft()
+
     def next_upstream(self, correlation_id: int) -> Slot | None:
         """The slot an upstream response fills; brokers answer in order, so it is the oldest.
 
@@ -80,13 +101,13 @@ class OrderedResponses:
             self.stray_discarded += 1
             return None
         if not self._awaiting_upstream:
-            raise CodecError(f"response with correlation id {correlation_id} but no request "
-                             "is waiting for one", what="ResponseHeader.correlation_id")
+            raise ProtocolViolation(f"response with correlation id {correlation_id} but no "
+                                    "request is waiting for one")
         slot = self._awaiting_upstream[0]
         if slot.correlation_id != correlation_id:
-            raise CodecError(f"response correlation id {correlation_id} does not match the "
-                             f"oldest request in flight ({slot.correlation_id})",
-                             what="ResponseHeader.correlation_id")
+            raise ProtocolViolation(f"response correlation id {correlation_id} does not "
+                                    f"match the oldest request in flight "
+                                    f"({slot.correlation_id})")
         self._awaiting_upstream.popleft()
         return slot
 

@@ -44,3 +44,12 @@ async def open_listeners(host: str, port: int, reuse_port: bool) -> list[trio.So
             await trio.aclose_forcefully(listener)
         raise
     return listeners
+
+
+def peer_of(stream: trio.SocketStream) -> tuple[str, int]:
+    """The client's address and port, for limits, logs and the connection inventory."""
+    try:
+        addr = stream.socket.getpeername()
+        return str(addr[0]), int(addr[1])
+    except (OSError, AttributeError, IndexError):
+        return "unknown", 0

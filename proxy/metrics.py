@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kproxy.codecs.api_keys import api_name
 
@@ -29,6 +32,9 @@ class ProxyMetrics:
                 self.requests.labels(name), self.request_bytes.labels(name),
                 self.response_bytes.labels(name), self.latency.labels(name))
         return found
+
+    def watch_budget(self, budget: BudgetFigures) -> None:
+        self.registry.register(BudgetCollector(budget))
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._per_api: dict[int, ApiMetrics] = {}
@@ -97,3 +103,31 @@ class ProxyMetrics:
             "kproxy_limit_hits", "Configured limits reached: connections refused, sessions "
             "closed by a timeout or an oversized frame, clients paused by max_inflight",
             ["limit"], registry=r)
+
+
+class BudgetFigures(Protocol):
+    limit: int
+    used: int
+    peak: int
+    waits: int
+    overdrafts: int
+
+
+class BudgetCollector(Collector):
+    """The memory budget's figures, read at scrape time."""
+
+    def __init__(self, budget: BudgetFigures) -> None:
+        self.budget = budget
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.budget
+        yield GaugeMetricFamily("kproxy_buffered_bytes", "Bytes held for connections now "
+                                "(received, not yet written; both directions)", b.used)
+        yield GaugeMetricFamily("kproxy_buffered_bytes_peak", "Most bytes held at once "
+                                "since start", b.peak)
+        yield GaugeMetricFamily("kproxy_buffered_bytes_limit", "max_buffered_bytes", b.limit)
+        yield CounterMetricFamily("kproxy_buffer_waits", "Reads that waited for room in the "
+                                  "memory budget (backpressure)", b.waits)
+        yield CounterMetricFamily("kproxy_buffer_overdrafts", "Reservations let through over "
+                                  "the budget because only waiting connections held bytes",
+                                  b.overdrafts)

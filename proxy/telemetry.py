@@ -9,6 +9,7 @@ queue like any other response.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,8 +26,8 @@ from kproxy.codecs.peek import RequestPeek
 from kproxy.config import TelemetryConfig
 from kproxy.metrics import ProxyMetrics
 from kproxy.policies import telemetry as policy
+from kproxy.policies.connection import ConnectionState
 from kproxy.policies.telemetry_store import MetricsStore
-from kproxy.session import Session
 
 log = logging.getLogger("kproxy.telemetry")
 _COMPRESSION = {v: k for k, v in policy.COMPRESSION_NAMES.items()}
@@ -61,6 +62,7 @@ class TelemetryService:
             registry=r)
         r.register(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
+        self.hostname = socket.gethostname()
 
     def reconfigure(self, cfg: TelemetryConfig) -> None:
         self.cfg = cfg
@@ -68,7 +70,7 @@ class TelemetryService:
         self.store.max_series = cfg.max_series
 
     @staticmethod
-    def attributes(session: Session) -> dict[str, str]:
+    def attributes(session: ConnectionState) -> dict[str, str]:
         info = session.info
         return {"client_id": info.client_id or "",
                 "client_software_name": info.software_name or "",
@@ -76,7 +78,8 @@ class TelemetryService:
                 "client_source_address": info.source_address,
                 "client_source_port": str(info.source_port)}
 
-    def handle_get(self, session: Session, peek: RequestPeek, frame: memoryview) -> bytes:
+    def handle_get(self, session: ConnectionState, peek: RequestPeek,
+                   frame: memoryview) -> bytes:
         body = decode_request(frame).body
         result = self.state.get_subscriptions(body["client_instance_id"],
                                               self.attributes(session), self.clock_ms())
@@ -98,7 +101,8 @@ class TelemetryService:
         return encode_response_parts(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, peek.api_version,
                                      peek.correlation_id, reply)
 
-    def handle_push(self, session: Session, peek: RequestPeek, frame: memoryview) -> bytes:
+    def handle_push(self, session: ConnectionState, peek: RequestPeek,
+                    frame: memoryview) -> bytes:
         body = decode_request(frame).body
         result = self.state.push(body["client_instance_id"], body["subscription_id"],
                                  body["terminating"], body["compression_type"], body["metrics"],
@@ -106,13 +110,13 @@ class TelemetryService:
         self.requests.labels("PushTelemetry", policy.ERROR_NAMES[result.error_code]).inc()
         if result.error_code:
             log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
-                "error": policy.ERROR_NAMES[result.error_code], **session._fields()}})
+                "error": policy.ERROR_NAMES[result.error_code], **session.log_fields()}})
         else:
             self.by_compression.labels(_COMPRESSION[body["compression_type"]]).inc()
         if not result.error_code and result.instance is not None and result.raw and (
                 self.archive is not None):
             self.archive.telemetry(to_otlp_json(result.raw, _resource_attributes(
-                result.instance.attrs, session)))
+                result.instance.attrs, self.hostname)))
         if not result.error_code and result.instance is not None and result.metrics:
             stats = self.store.ingest(result.instance.instance_id, result.instance.attrs,
                                       result.metrics, self.state.settings.delta_temporality)
@@ -131,7 +135,7 @@ class TelemetryService:
                                      {"throttle_time_ms": 0, "error_code": result.error_code})
 
 
-def _resource_attributes(attrs: dict[str, str], session: Session) -> dict[str, str]:
+def _resource_attributes(attrs: dict[str, str], hostname: str) -> dict[str, str]:
     """What the proxy knows of the client, as OTLP resource attributes for the archive."""
     return {
         "client.instance.id": attrs.get("client_instance_id", ""),
@@ -139,7 +143,7 @@ def _resource_attributes(attrs: dict[str, str], session: Session) -> dict[str, s
         "client.software.name": attrs.get("client_software_name", ""),
         "client.software.version": attrs.get("client_software_version", ""),
         "client.source.address": attrs.get("client_source_address", ""),
-        "kproxy.host": session.ctx.hostname,
+        "kproxy.host": hostname,
         "kproxy.received.time.unix.nano": str(time.time_ns()),
     }
 

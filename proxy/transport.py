@@ -13,16 +13,20 @@ every few operations, so one busy connection cannot starve the others.
 ``StreamTransport`` wraps any trio stream (TLS) and keeps the stream API.
 
 The session owns the trio stream and closes it; a transport only borrows it. The
-file descriptor is read and written directly, never closed here.
+file descriptor is read and written directly, never closed here. Every way a peer
+can go away (reset, broken pipe, a broken TLS stream) leaves a transport as one
+exception, ``PeerGone``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import trio
 
-from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.framing import Frame, FrameReader
+from kproxy.errors import PeerGone
 
 Buffer = bytes | bytearray | memoryview
 
@@ -98,11 +102,17 @@ class StreamTransport(Transport):
         self.stream = stream
 
     async def receive(self, max_bytes: int) -> bytes:
-        return bytes(await self.stream.receive_some(max_bytes))
+        try:
+            return bytes(await self.stream.receive_some(max_bytes))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise PeerGone(f"connection broke: {exc!r}") from exc
 
     async def send_rest(self, parts: list[Buffer]) -> None:
-        for part in parts:
-            await self.stream.send_all(part)
+        try:
+            for part in parts:
+                await self.stream.send_all(part)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise PeerGone(f"connection broke: {exc!r}") from exc
 
 
 class SocketTransport(Transport):
@@ -126,6 +136,8 @@ class SocketTransport(Transport):
                 data = os.read(self.fd, max_bytes)
             except BlockingIOError:  # a spurious wake-up: wait again
                 continue
+            except OSError as exc:
+                raise _gone(exc) from exc
             self._drained = len(data) < max_bytes
             return data
 
@@ -137,6 +149,8 @@ class SocketTransport(Transport):
         except BlockingIOError:
             self._drained = True
             return None
+        except OSError as exc:
+            raise _gone(exc) from exc
         self._drained = len(data) < max_bytes
         return data
 
@@ -148,6 +162,8 @@ class SocketTransport(Transport):
                 n = os.readv(self.fd, [room])
             except BlockingIOError:
                 continue
+            except OSError as exc:
+                raise _gone(exc) from exc
             self._drained = n < len(room)
             return n
 
@@ -159,6 +175,8 @@ class SocketTransport(Transport):
         except BlockingIOError:
             self._drained = True
             return None
+        except OSError as exc:
+            raise _gone(exc) from exc
         self._drained = n < len(room)
         return n
 
@@ -171,6 +189,8 @@ class SocketTransport(Transport):
                 sent = os.writev(self.fd, batch)
             except BlockingIOError:
                 return parts
+            except OSError as exc:
+                raise _gone(exc) from exc
             parts = _consume(parts, sent)
             if parts and sent < sum(map(len, batch)):
                 return parts  # a short write: the send buffer is full, a retry would fail
@@ -184,7 +204,13 @@ class SocketTransport(Transport):
                 sent = os.writev(self.fd, parts[:MAX_IOV])
             except BlockingIOError:
                 continue
+            except OSError as exc:
+                raise _gone(exc) from exc
             parts = _consume(parts, sent)
+
+
+def _gone(exc: OSError) -> PeerGone:
+    return PeerGone(exc.strerror or type(exc).__name__)
 
 
 def _consume(parts: list[Buffer], sent: int) -> list[Buffer]:
@@ -207,3 +233,43 @@ def transport_for(stream: trio.abc.Stream) -> Transport:
         return SocketTransport(stream)
     return StreamTransport(stream)
 
+
+SMALL = 64 * 1024
+
+
+def coalesce(parts: Sequence[Frame | Buffer]) -> list[Buffer]:
+    """As few buffers as possible, copying little.
+
+    Frames that follow each other in the buffer they were received in become one
+    slice of it; small pieces are joined into one write; large ones go as they are.
+    """
+    slices: list[Buffer] = []
+    run: tuple[Frame, Frame] | None = None  # first and last frame of a contiguous run
+    for part in parts:
+        if isinstance(part, Frame):
+            if run is not None and part.extends(run[1]):
+                run = (run[0], part)
+                continue
+            if run is not None:
+                slices.append(memoryview(run[0].buf)[run[0].start : run[1].end])
+            run = (part, part)
+        else:
+            if run is not None:
+                slices.append(memoryview(run[0].buf)[run[0].start : run[1].end])
+                run = None
+            slices.append(part)
+    if run is not None:
+        slices.append(memoryview(run[0].buf)[run[0].start : run[1].end])
+    out: list[Buffer] = []
+    small: list[Buffer] = []
+    for buf in slices:
+        if len(buf) < SMALL:
+            small.append(buf)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(buf)
+    if small:
+        out.append(small[0] if len(small) == 1 else b"".join(small))
+    return out

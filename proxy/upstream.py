@@ -8,6 +8,9 @@ from collections.abc import Sequence
 import trio
 
 from kproxy.config import HostPort
+from kproxy.policies.connection import ConnectionState
+from kproxy.policies.proxy_state import ProxyState
+from kproxy.session_events import SessionEvents
 from kproxy.tls import connect_tls
 
 
@@ -57,3 +60,36 @@ class BootstrapRotation:
             except OSError as exc:
                 tried.append(((host, port), exc.strerror or str(exc)))
         raise UpstreamUnavailable(tried)
+
+
+class UpstreamConnector:
+    """Opens a session's upstream: a bootstrap server, or the broker its listener serves."""
+
+    def __init__(self, state: ProxyState, rotation: BootstrapRotation, timeout: float,
+                 events: SessionEvents) -> None:
+        self.state = state
+        self.rotation = rotation
+        self.timeout = timeout
+        self.events = events
+
+    async def connect(self, conn: ConnectionState) -> tuple[trio.abc.Stream, HostPort] | None:
+        """The stream and the address it reached, or None (counted and logged)."""
+        try:
+            if conn.node_id is None:
+                return await self.rotation.connect(self.timeout)
+            return await self._broker(conn.node_id)
+        except UpstreamUnavailable as exc:
+            self.events.upstream_unreachable(conn, str(exc))
+            return None
+
+    async def _broker(self, node_id: int) -> tuple[trio.abc.Stream, HostPort]:
+        addr = self.state.view.address_of(node_id)
+        if addr is None:
+            raise UpstreamUnavailable([(("?", 0), f"node {node_id} is not a known broker")])
+        where = (addr.host, addr.port)
+        try:
+            return await connect(addr.host, addr.port, self.timeout, self.rotation.tls), where
+        except trio.TooSlowError:
+            raise UpstreamUnavailable([(where, f"no answer within {self.timeout:g}s")]) from None
+        except OSError as exc:
+            raise UpstreamUnavailable([(where, exc.strerror or str(exc))]) from None

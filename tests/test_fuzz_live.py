@@ -113,7 +113,7 @@ async def fuzz_proxy(broker: TansuBroker, inputs: list[bytes]) -> None:
             resp = await control.request(api_keys.API_VERSIONS, 3, i + 1, API_VERSIONS_V3)
             assert resp.body["error_code"] == 0, "the control connection was disturbed"
         with trio.fail_after(10):  # every fuzzed session ends; only the control one is left
-            while len(proxy.ctx.sessions) > 1:
+            while len(proxy.sessions) > 1:
                 await trio.sleep(0.1)
         assert await metric(proxy, "kproxy_internal_errors_total") == 0
         await control.aclose()

@@ -31,3 +31,33 @@ def test_there_is_something_to_check() -> None:
 def test_sans_io_module_imports_no_io(path: Path) -> None:
     bad = _imports(path) & FORBIDDEN
     assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def _kproxy_modules(path: Path) -> set[str]:
+    """The kproxy modules a file imports, by their full dotted names."""
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("kproxy"))
+        elif isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith("kproxy")):
+            names.add(node.module)
+    return names
+
+
+# What the sans-IO layers may import from the package: themselves, never the I/O shell.
+SANS_IO_PACKAGES = ("kproxy.codecs", "kproxy.policies")
+
+
+@pytest.mark.parametrize("path", SANS_IO, ids=lambda p: str(p.relative_to(ROOT)))
+def test_sans_io_module_imports_no_proxy_module(path: Path) -> None:
+    bad = {m for m in _kproxy_modules(path) if not m.startswith(SANS_IO_PACKAGES)}
+    assert not bad, f"{path.relative_to(ROOT)} imports the I/O layer: {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "codecs").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_codecs_import_no_policy(path: Path) -> None:
+    bad = {m for m in _kproxy_modules(path) if m.startswith("kproxy.policies")}
+    assert not bad, f"{path.relative_to(ROOT)} imports policies: {sorted(bad)}"

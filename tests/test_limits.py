@@ -7,16 +7,26 @@ take as long as a test needs.
 from __future__ import annotations
 
 import logging
+import socket
 import struct
+import time
+from pathlib import Path
 
 import pytest
 import trio
 
 from kproxy.codecs import api_keys
+from kproxy.embedded_broker import TansuBroker
 from kproxy.server import Proxy
 
 from .fake_broker import FakeBroker
-from .support import RawClient, encode_request, make_config
+from .support import (
+    RawClient,
+    direct_connections,
+    encode_request,
+    kproxy_process,
+    make_config,
+)
 from .test_security import API_VERSIONS_V3, closed_by_proxy, metric
 
 METADATA = {"topics": [], "allow_auto_topic_creation": False,
@@ -57,7 +67,7 @@ async def test_connection_limits_global_and_per_source(
     # Closing one frees its place.
     await first[0].aclose()
     with trio.fail_after(30):
-        while proxy.connections_by_source.get("127.0.0.1", 0) > 1:
+        while proxy.admission.by_source.get("127.0.0.1", 0) > 1:
             await trio.sleep(0.05)
     again = await RawClient.connect(port)
     assert await answered(again)
@@ -76,7 +86,7 @@ async def test_global_limit_counts_every_source(nursery: trio.Nursery) -> None:
     c = await RawClient.connect(port, source="127.0.0.3")
     assert await closed_by_proxy(c)
     assert await limit(proxy, "max_connections") == 1
-    assert proxy.connections_by_source == {"127.0.0.1": 1, "127.0.0.2": 1}
+    assert proxy.admission.by_source == {"127.0.0.1": 1, "127.0.0.2": 1}
 
 
 async def test_first_request_timeout_closes_silent_and_dribbling_clients(
@@ -142,9 +152,37 @@ async def test_max_inflight_stops_reading_instead_of_buffering(nursery: trio.Nur
         seen_peak = 0
         got = 0
         while got < n:
-            seen_peak = max(seen_peak, max((len(s.ordered) for s in proxy.ctx.sessions),
+            seen_peak = max(seen_peak, max((len(s.ordered) for s in proxy.sessions),
                                            default=0))
             assert await client.read_frame() is not None
             got += 1
     assert seen_peak <= 4, f"{seen_peak} requests in flight with max_inflight=4"
     assert await limit(proxy, "max_inflight") >= 1
+
+
+@pytest.mark.broker
+def test_stalled_connections_cost_no_broker_connection(tansu: TansuBroker,
+                                                       tmp_path: Path) -> None:
+    """The upstream is opened at the first complete request: connections that send a
+    byte and stall (a slowloris) hold no broker connection; a request opens one."""
+    with kproxy_process(tansu.bootstrap, tmp_path, "--discovery-interval", "3600",
+                        "--first-request-timeout", "60") as kp:
+        stalled = [socket.create_connection(("127.0.0.1", kp.bootstrap_port))
+                   for _ in range(200)]
+        try:
+            for s in stalled:
+                s.sendall(b"\x00")
+            deadline = time.monotonic() + 60
+            while 'kproxy_client_connections{listener="bootstrap"} 200.0' not in (
+                    kp.http_get("/metrics")[1]):
+                assert time.monotonic() < deadline, "the proxy did not take the connections"
+                time.sleep(0.1)
+            assert direct_connections(kp.process.pid, tansu.port) == 0
+            with socket.create_connection(("127.0.0.1", kp.bootstrap_port)) as live:
+                live.sendall(encode_request(api_keys.API_VERSIONS, 3, 1, API_VERSIONS_V3))
+                live.settimeout(30)
+                assert len(live.recv(65536)) > 8  # answered through the broker
+                assert direct_connections(kp.process.pid, tansu.port) == 1
+        finally:
+            for s in stalled:
+                s.close()

@@ -8,12 +8,13 @@ from kproxy.codecs import api_keys, interpreter
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_response, encode_response_parts
 from kproxy.codecs.schemas import api_versions, node_endpoints
+from kproxy.errors import ProtocolViolation
 from kproxy.inflight import OrderedResponses
 from kproxy.policies.addressing import BrokerAddress, PortMap
 from kproxy.policies.api_versions import cap_api_versions, default_caps
+from kproxy.policies.handlers import standard_handlers
 from kproxy.policies.rewrite import (
     COORDINATOR_NOT_AVAILABLE,
-    carries_addresses,
     rewrite_describe_cluster,
     rewrite_find_coordinator,
     rewrite_metadata,
@@ -115,8 +116,10 @@ def test_fetch_node_endpoints_rewritten_records_untouched(version: int) -> None:
 def test_fetch_without_endpoints_is_left_alone() -> None:
     frame = _fetch_response(16, None)
     assert rewrite_response_frame(api_keys.FETCH, 16, frame, PM).frame is None
-    assert not carries_addresses(api_keys.FETCH, 15)
-    assert carries_addresses(api_keys.PRODUCE, 10) and not carries_addresses(api_keys.PRODUCE, 9)
+    # Which responses a connection must see whole: the rest cut through as bytes.
+    wants = standard_handlers().responses
+    assert not wants[api_keys.FETCH].wants(15) and wants[api_keys.FETCH].wants(16)
+    assert wants[api_keys.PRODUCE].wants(10) and not wants[api_keys.PRODUCE].wants(9)
 
 
 def test_produce_node_endpoints() -> None:
@@ -182,14 +185,14 @@ def test_ordered_responses_release_strictly_in_order() -> None:
     assert first is not None
     first.wire = b"up-1"
     assert [s.correlation_id for s in q.pop_ready()] == [1, 2]
-    with pytest.raises(CodecError, match="does not match"):
+    with pytest.raises(ProtocolViolation, match="does not match"):
         q.next_upstream(9)
     q.expect_nothing(4)  # an acks=0 request: a broker that answers it anyway is ignored
     assert q.next_upstream(4) is None and q.stray_discarded == 1
     assert q.next_upstream(3) is s3 and s1.wire == b"up-1"
     s3.wire = b"up-3"
     assert [s.wire for s in q.pop_ready()] == [b"up-3"]
-    with pytest.raises(CodecError, match="no request is waiting"):
+    with pytest.raises(ProtocolViolation, match="no request is waiting"):
         q.next_upstream(5)
 
 
@@ -201,5 +204,5 @@ def test_acks0_memory_is_bounded() -> None:
         q.expect_nothing(cid)
     assert len(q._acks0) == ACKS0_REMEMBERED
     assert q.next_upstream(ACKS0_REMEMBERED * 3 - 1) is None
-    with pytest.raises(CodecError):
+    with pytest.raises(ProtocolViolation):
         q.next_upstream(0)  # forgotten long ago: now it is a protocol error

@@ -18,8 +18,9 @@ from kproxy.codecs import api_keys
 from kproxy.codecs.messages import decode_response, encode_response_parts
 from kproxy.codecs.peek import RequestPeek, peek_correlation_id
 from kproxy.embedded_broker import TansuBroker
+from kproxy.policies.connection import ConnectionState
+from kproxy.policies.handlers import LocalHandler
 from kproxy.server import Proxy
-from kproxy.session import Session
 
 from .fake_broker import FakeBroker
 from .support import RawClient, encode_request, make_config
@@ -28,8 +29,10 @@ METADATA_V12 = {"topics": [], "allow_auto_topic_creation": False,
                 "include_topic_authorized_operations": False}
 
 
-async def start_proxy(nursery: trio.Nursery, upstream: str, **overrides: object) -> Proxy:
-    proxy = Proxy(make_config(upstream, **overrides))
+async def start_proxy(nursery: trio.Nursery, upstream: str,
+                      local_handlers: dict[int, LocalHandler] | None = None,
+                      **overrides: object) -> Proxy:
+    proxy = Proxy(make_config(upstream, **overrides), local_handlers=local_handlers)
     started: Proxy = await nursery.start(lambda task_status: proxy.run(
         handle_signals=False, task_status=task_status))
     return started
@@ -61,7 +64,7 @@ async def test_multi_node_mapping_listeners_and_out_of_range(
     brokers = {b["node_id"]: (b["host"], b["port"]) for b in resp.body["brokers"]}
     assert brokers == {0: ("127.0.0.1", base), 1: ("127.0.0.1", base + 1),
                        2: ("127.0.0.1", base + 2)}  # node 50 is out of range: left out
-    assert proxy.ctx.metrics.node_out_of_range._value.get() >= 1
+    assert proxy.metrics.node_out_of_range._value.get() >= 1
 
     # A connection to broker 2's proxy port reaches fake node 2, not another one.
     before = dict(fake.connections)
@@ -96,7 +99,7 @@ async def test_silent_upstream_and_cut_response_close_the_client(
     client = await RawClient.connect(proxy.bootstrap_port or 0)
     await client.send(encode_request(api_keys.METADATA, 12, 1, METADATA_V12))
     assert await client.read_frame(timeout=5) is None  # closed promptly, no half frame
-    assert proxy.ctx.metrics.upstream_disconnects.labels("bootstrap")._value.get() == 1
+    assert proxy.metrics.upstream_disconnects.labels("bootstrap")._value.get() == 1
     proxy.shutdown()
 
 
@@ -110,11 +113,15 @@ async def test_unreachable_upstream_closes_client_promptly(nursery: trio.Nursery
         proxy = await start_proxy(nursery, f"127.0.0.1:{closed.getsockname()[1]}",
                                   connect_timeout="2")
         client = await RawClient.connect(proxy.bootstrap_port or 0)
+        # The upstream is connected lazily, at the first request: none yet, no attempt.
+        await trio.sleep(0.2)
+        assert proxy.metrics.upstream_connect_failures.labels("bootstrap")._value.get() == 0
+        await client.send(encode_request(api_keys.METADATA, 12, 1, METADATA_V12))
         with trio.fail_after(30):
             assert await client.read_frame() is None
     finally:
         closed.close()
-    assert proxy.ctx.metrics.upstream_connect_failures.labels("bootstrap")._value.get() == 1
+    assert proxy.metrics.upstream_connect_failures.labels("bootstrap")._value.get() == 1
     status = proxy.ready()
     assert status == (False, "backend not reached yet")
     proxy.shutdown()
@@ -129,9 +136,7 @@ def tansu_bg(tmp_path: Path) -> TansuBroker:
 async def test_pipelined_requests_leave_in_order_with_local_answers(
         nursery: trio.Nursery, tansu_bg: TansuBroker) -> None:
     try:
-        proxy = await start_proxy(nursery, tansu_bg.bootstrap)
-
-        def answer_71(session: Session, peek: RequestPeek, frame: bytes) -> bytes:
+        def answer_71(session: ConnectionState, peek: RequestPeek, frame: memoryview) -> bytes:
             # Test hook: answered by the proxy at once, ahead of slower upstream replies.
             return encode_response_parts(71, 0, peek.correlation_id, {
                 "throttle_time_ms": 0, "error_code": 0,
@@ -139,7 +144,7 @@ async def test_pipelined_requests_leave_in_order_with_local_answers(
                 "accepted_compression_types": [], "push_interval_ms": 1000,
                 "telemetry_max_bytes": 1, "delta_temporality": False, "requested_metrics": []})
 
-        proxy.ctx.local_handlers[71] = answer_71
+        proxy = await start_proxy(nursery, tansu_bg.bootstrap, local_handlers={71: answer_71})
         acks0 = next(json.loads(line) for line in (
             Path(__file__).parent / "vectors" / "kafka-python.jsonl").read_text().splitlines()
             if json.loads(line)["api_name"] == "Produce" and b"fire" in bytes.fromhex(
@@ -192,9 +197,9 @@ async def test_client_gone_with_requests_in_flight_leaves_nothing(
         await client.send(encode_request(api_keys.METADATA, 12, 1, METADATA_V12) * 5)
         await client.aclose()
     with trio.fail_after(30):
-        while proxy.ctx.sessions:
+        while proxy.sessions:
             await trio.sleep(0.02)
-    assert proxy.ctx.metrics.connections_active.labels("bootstrap")._value.get() == 0
+    assert proxy.metrics.connections_active.labels("bootstrap")._value.get() == 0
     proxy.shutdown()
 
 
@@ -226,7 +231,7 @@ async def test_admin_rebootstrap_and_metadata_v13_bridge(
                                       raw=b"POST /admin/rebootstrap HTTP/1.1\r\nhost: t\r\n"
                                       b"content-length: 0\r\n\r\n")
         assert status == 403  # disabled unless --admin
-        proxy.config = proxy.ctx.config = make_config(tansu_bg.bootstrap, admin="on")
+        proxy.set_config(make_config(tansu_bg.bootstrap, admin="on"))
         client = await RawClient.connect(proxy.bootstrap_port or 0)
         versions = await client.request(api_keys.API_VERSIONS, 3, 1, {
             "client_software_name": "t", "client_software_version": "1"})
@@ -246,7 +251,7 @@ async def test_admin_rebootstrap_and_metadata_v13_bridge(
         # The same backend answer is rewritten once and then served from the cache,
         # except for the injecting response, which is never cached.
         assert again.body == first.body and again.header.correlation_id == 4
-        assert proxy.ctx.rewrites.hits >= 1 and len(proxy.ctx.rewrites) == 1
+        assert proxy.state.rewrites.hits >= 1 and len(proxy.state.rewrites) == 1
         await client.aclose()
         proxy.shutdown()
     finally:
@@ -268,7 +273,7 @@ async def test_reuse_port_lets_two_proxies_share_their_ports(
             resp = await client.request(api_keys.METADATA, 12, i, METADATA_V12)
             assert resp.body["brokers"][0]["port"] == base
         # The kernel spread the connections over both processes' listeners.
-        served = [len(p.ctx.sessions) for p in proxies]
+        served = [len(p.sessions) for p in proxies]
         assert sum(served) == 16 and min(served) > 0, served
         broker = await RawClient.connect(base)  # the broker port is shared too
         assert (await broker.request(api_keys.METADATA, 12, 99, METADATA_V12)).body["brokers"]

@@ -1,4 +1,5 @@
-"""Epoch logic and the Metadata v12 -> v13 bridge, as pure functions, byte-exact."""
+"""Epoch logic and the Metadata v12 -> v13 bridge, driven through the sans-IO
+connection state with real captured frames: no sockets."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ from pathlib import Path
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.messages import decode_request, decode_response, encode_response_parts
+from kproxy.codecs.peek import peek_request
+from kproxy.policies.addressing import BrokerAddress, PortMap
 from kproxy.policies.api_versions import bridge_metadata_version
+from kproxy.policies.connection import ConnectionState, Forward
+from kproxy.policies.handlers import standard_handlers
 from kproxy.policies.metadata_bridge import (
     advertised_metadata_max,
     downgrade_request,
     needs_bridge,
 )
-from kproxy.policies.rebootstrap import REBOOTSTRAP_REQUIRED, Action, RebootstrapPolicy
+from kproxy.policies.proxy_state import ProxyState
+from kproxy.policies.rebootstrap import REBOOTSTRAP_REQUIRED, Action, metadata_action
 
 VECTORS = Path(__file__).parent / "vectors" / "confluent-kafka.jsonl"
 
@@ -27,36 +33,88 @@ def _vector(api: str, direction: str) -> bytes:
     raise AssertionError(f"no {api} {direction} vector")
 
 
-def test_a_client_is_told_once_then_answered_normally() -> None:
-    p = RebootstrapPolicy()
-    key = ("10.0.0.1", "app")
-    assert p.metadata_response(key, p.epoch_for_new_connection(key), 13) == (Action.NONE, 0)
-    p.bump(3)
-    assert p.metadata_response(key, 0, 13) == (Action.INJECT, 3)
-    assert p.metadata_response(key, 3, 13) == (Action.NONE, 3)
+def test_metadata_action_tells_a_stale_connection_by_its_version() -> None:
+    assert metadata_action(3, 3, 13, "close") is Action.NONE
+    assert metadata_action(2, 3, 13, "close") is Action.INJECT
+    assert metadata_action(2, 3, 12, "close") is Action.CLOSE
+    assert metadata_action(2, 3, 12, "ignore") is Action.IGNORE
 
 
-def test_a_reconnecting_client_inherits_its_stale_epoch_a_new_one_does_not() -> None:
-    p = RebootstrapPolicy()
-    old = ("10.0.0.1", "app")
-    p.remember(old, 0)
-    p.bump(1)
-    assert p.epoch_for_new_connection(old) == 0  # same client, new connection: still stale
-    assert p.epoch_for_new_connection(("10.0.0.2", "new")) == 1  # never saw the old view
+def _state() -> ProxyState:
+    return ProxyState(PortMap("proxy.local", 30000, 30000, 0, 1023), "close", False,
+                      [("10.0.0.1", 9092)])
 
 
-def test_legacy_clients_close_or_ignore() -> None:
-    for policy, action in (("close", Action.CLOSE), ("ignore", Action.IGNORE)):
-        p = RebootstrapPolicy(legacy_clients=policy)
-        p.bump(1)
-        assert p.metadata_response(("h", "c"), 0, 12)[0] is action
+def _conn(state: ProxyState, node_id: int | None = None) -> ConnectionState:
+    return ConnectionState(state, standard_handlers(), "bootstrap", node_id, ("10.0.0.9", 1))
 
 
-def test_client_memory_is_bounded() -> None:
-    p = RebootstrapPolicy(max_clients=10)
-    for i in range(100):
-        p.remember((f"10.0.0.{i}", "c"), 0)
-    assert len(p._seen) == 10
+def _metadata(conn: ConnectionState, version: int = 13) -> int:
+    """One Metadata exchange through the connection state; the error code the client got."""
+    request = _vector("Metadata", "request")
+    request = request[:2] + struct.pack(">h", version) + request[4:]
+    decision = conn.request(peek_request(request), memoryview(request))
+    upstream_version = version if decision is None else decision.upstream_version
+    assert isinstance(decision, Forward | None)
+    handled = conn.response(api_keys.METADATA, version, upstream_version,
+                            memoryview(_vector("Metadata", "response")))
+    assert handled.body is not None
+    return int(decode_response(handled.body, api_keys.METADATA, version).body.get(
+        "error_code", 0))
+
+
+def test_a_connection_is_told_once_then_answered_normally() -> None:
+    state = _state()
+    conn = _conn(state)
+    assert _metadata(conn) == 0
+    state.view.force("operator")
+    assert _metadata(conn) == REBOOTSTRAP_REQUIRED  # once...
+    assert _metadata(conn) == 0  # ...then normal responses
+
+
+def test_one_rebootstrap_per_change() -> None:
+    """A connection opened after a change, or whose first Metadata comes after it, was
+    bootstrapped after the change: telling it again would make it bootstrap twice."""
+    state = _state()
+    before = _conn(state)  # open, no Metadata yet
+    state.view.force("operator")
+    after = _conn(state)
+    assert _metadata(after) == 0
+    assert _metadata(before) == 0
+
+
+def test_a_change_closes_connections_to_a_backend_that_is_gone() -> None:
+    state = _state()
+    bootstrap, broker, legacy = _conn(state), _conn(state, node_id=1), _conn(state)
+    bootstrap.connected(("10.0.0.1", 9092))
+    broker.connected(("10.0.0.7", 9092))
+    legacy.connected(("10.0.0.1", 9092))
+    assert _metadata(legacy, 12) == 0
+    state.view.observe({1: BrokerAddress("10.0.0.7", 9092)}, "c1", True)
+    moved = state.view.observe({1: BrokerAddress("10.0.0.8", 9092)}, "c1", True)
+    assert moved is not None
+    assert broker.on_change(moved) == "upstream_gone"
+    assert bootstrap.on_change(moved) is None  # told in its next Metadata response
+    assert legacy.on_change(moved) == "legacy_closed"  # below v13: cannot be told
+    assert _conn(state, node_id=1).on_change(moved) is None  # opened after it
+    state.upstream_servers = [("10.0.0.2", 9092)]
+    relisted = state.view.force("upstream_reconfigured")
+    assert bootstrap.on_change(relisted) == "upstream_gone"
+
+
+def test_legacy_clients_are_closed_after_their_response_or_ignored() -> None:
+    for policy, close_after in (("close", True), ("ignore", False)):
+        state = _state()
+        state.legacy_clients = policy
+        conn = _conn(state)
+        assert _metadata(conn, 12) == 0
+        state.view.force("operator")
+        request = _vector("Metadata", "request")
+        conn.request(peek_request(request), memoryview(request))
+        handled = conn.response(api_keys.METADATA, 12, 12,
+                                memoryview(_vector("Metadata", "response")))
+        assert handled.close_after is close_after
+        assert handled.rebootstrap is (Action.CLOSE if close_after else Action.IGNORE)
 
 
 def test_v13_offered_only_over_a_v12_backend() -> None:

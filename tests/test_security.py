@@ -277,7 +277,7 @@ async def test_sni_routes_one_tls_port_to_every_broker(
         "include_topic_authorized_operations": False})
     assert [(b["node_id"], b["host"], b["port"]) for b in resp.body["brokers"]] == [
         (111, "broker-111.kafka.test", port)]
-    assert proxy._broker_scopes == {}  # no per-broker ports are opened
+    assert proxy.listeners.scopes == {}  # no per-broker ports are opened
     # A real client reaches the broker through the name it was given.
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 

@@ -1,0 +1,177 @@
+"""One client connection's protocol state and decisions, without I/O (h11's shape).
+
+The session (``kproxy.session``) owns the sockets, buffers, ordering and timeouts. It
+tells a ``ConnectionState`` what it saw — a request's header, a response, a topology
+change — and applies what it gets back: forward this frame (as received, or these
+bytes at that upstream version), answer this locally, replace this response, close
+for this reason. What a connection knows of its client (versions used, software,
+the topology epoch it last saw, whether SASL succeeded) lives here, and only the
+handlers here change it.
+
+Handlers are looked up by API key: a ``RequestHandler`` may answer, replace or refuse
+a request; a ``ResponseHandler`` says which versions it must see whole and rewrites
+them. Everything without a handler is relayed as bytes (responses cut through).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kproxy.codecs.peek import RequestPeek
+from kproxy.policies.proxy_state import HostPort, ProxyState
+from kproxy.policies.rebootstrap import Action, on_change
+from kproxy.policies.rewrite import Seen
+from kproxy.policies.topology import Change
+
+
+@dataclass
+class ClientInfo:
+    """What the proxy knows of the client on this connection."""
+
+    source_address: str
+    source_port: int
+    client_id: str | None = None
+    software_name: str | None = None
+    software_version: str | None = None
+
+
+# ----------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send this request upstream as ``body`` (header included, no size prefix)."""
+
+    body: bytes
+    upstream_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer locally with ``body`` (header included, no size prefix)."""
+
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerOffLoop:
+    """Answer locally with what ``work`` returns; it is CPU-heavy, so the shell runs it
+    where it cannot stall other connections (a worker thread). Answers still leave in
+    request order."""
+
+    work: Callable[[], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """End the connection: what is in flight is not answered."""
+
+    reason: str  # for the debug log
+    event: str  # what happened, for the operator log and the metrics
+    message: str  # the operator log line
+    api: str | None = None
+
+
+# None from ``request`` means: forward the request as received.
+RequestDecision = Forward | Answer | AnswerOffLoop | Close | None
+
+
+@dataclass(slots=True)
+class Handled:
+    """What a response handler made of a response."""
+
+    body: bytes | memoryview | None = None  # the response to send instead; None: unchanged
+    seen: Seen | None = None  # what it said about the backend
+    change: Change | None = None  # the topology change it revealed, for the shell to fan out
+    rebootstrap: Action = Action.NONE
+    close_after: bool = False  # close once this response is written (legacy policy)
+
+
+class RequestHandler(Protocol):
+    def request(self, conn: ConnectionState, peek: RequestPeek,
+                body: memoryview) -> RequestDecision: ...
+
+
+class ResponseHandler(Protocol):
+    def wants(self, api_version: int) -> bool:
+        """Whether responses at this version must be seen whole (else they cut through)."""
+
+    def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
+                 body: memoryview) -> Handled: ...
+
+
+@dataclass(frozen=True)
+class Handlers:
+    requests: Mapping[int, RequestHandler] = field(default_factory=dict)
+    responses: Mapping[int, ResponseHandler] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- state
+
+
+class ConnectionState:
+    def __init__(self, shared: ProxyState, handlers: Handlers, listener: str,
+                 node_id: int | None, peer: tuple[str, int]) -> None:
+        self.shared = shared
+        self.handlers = handlers
+        self.listener = listener
+        self.node_id = node_id  # None on the bootstrap listener
+        self.info = ClientInfo(*peer)
+        self.connected_epoch = shared.epoch
+        # The epoch of the view this client last received here (at its Metadata
+        # responses), the Metadata version it speaks, what the broker behind it serves.
+        self.topology_epoch: int | None = None
+        self.metadata_version: int | None = None
+        self.backend_metadata_max: int | None = None
+        self.upstream: HostPort | None = None  # the broker it is connected to, once it is
+        self.authenticated = False  # SASL passes through; the broker's answer is noted
+        self.api_versions_used: dict[int, int] = {}  # highest version used per API
+        self._requests = handlers.requests
+        self._responses = handlers.responses
+
+    # ------------------------------------------------------------------ events in
+
+    def request(self, peek: RequestPeek, body: memoryview) -> RequestDecision:
+        """A request arrived; None means relay it as received."""
+        used = self.api_versions_used
+        if used.get(peek.api_key, -1) < peek.api_version:
+            used[peek.api_key] = peek.api_version
+        if peek.client_id is not None:
+            self.info.client_id = peek.client_id
+        handler = self._requests.get(peek.api_key)
+        return None if handler is None else handler.request(self, peek, body)
+
+    def wants_response(self, api_key: int, api_version: int) -> bool:
+        """Whether a response must be seen whole; every other one is relayed as bytes."""
+        handler = self._responses.get(api_key)
+        return handler is not None and handler.wants(api_version)
+
+    def response(self, api_key: int, api_version: int, upstream_version: int,
+                 body: memoryview) -> Handled:
+        """A whole response to a request of ``api_key``/``api_version`` (``wants_response``)."""
+        return self._responses[api_key].response(self, api_version, upstream_version, body)
+
+    def connected(self, upstream: HostPort) -> None:
+        self.upstream = upstream
+
+    def on_change(self, change: Change) -> str | None:
+        """The backend changed: the outcome to count if this connection must end."""
+        shared = self.shared
+        return on_change(change, self.connected_epoch, self.node_id, self.upstream,
+                         shared.upstream_servers, self.metadata_version,
+                         shared.legacy_clients)
+
+    # ------------------------------------------------------------------ for handlers
+
+    def saw_topology(self) -> int:
+        """The epoch this connection held before a Metadata response; a first one is current."""
+        if self.topology_epoch is None:
+            self.topology_epoch = self.shared.epoch
+        return self.topology_epoch
+
+    def log_fields(self) -> dict[str, object]:
+        info = self.info
+        return {"listener": self.listener, "client": f"{info.source_address}:"
+                f"{info.source_port}", "client_id": info.client_id}

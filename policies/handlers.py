@@ -1,0 +1,249 @@
+"""The request and response handlers: every API the proxy does more than relay.
+
+Each handler owns one API's decisions; ``standard_handlers`` assembles the table a
+``ConnectionState`` dispatches on. Adding an API the proxy acts on (group tracking,
+share-group rewriting) is adding a handler here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.error_codes import ErrorCode
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.messages import (
+    decode_request,
+    decode_response,
+    encode_response,
+    encode_response_parts,
+)
+from kproxy.codecs.peek import RequestPeek, peek_response_error
+from kproxy.codecs.registry import DECODED
+from kproxy.policies.api_versions import bridge_metadata_version, cap_api_versions
+from kproxy.policies.connection import (
+    Answer,
+    AnswerOffLoop,
+    Close,
+    ConnectionState,
+    Forward,
+    Handled,
+    Handlers,
+    RequestDecision,
+    RequestHandler,
+    ResponseHandler,
+)
+from kproxy.policies.metadata_bridge import (
+    BACKEND_VERSION,
+    BRIDGED_VERSION,
+    downgrade_request,
+    needs_bridge,
+)
+from kproxy.policies.rebootstrap import Action, metadata_action
+from kproxy.policies.rewrite import (
+    METADATA_OPAQUE,
+    NODE_ENDPOINTS_SINCE,
+    rewrite_metadata,
+    rewrite_response_frame,
+)
+from kproxy.policies.rewrite_cache import CachedRewrite, RewriteKey
+
+log = logging.getLogger("kproxy.handlers")
+API_VERSIONS_MAX = DECODED[api_keys.API_VERSIONS].versions.hi
+
+# A local handler answers a request the proxy serves itself (telemetry): the answer,
+# or work to run off the event loop that makes it.
+LocalHandler = Callable[[ConnectionState, RequestPeek, memoryview], bytes | AnswerOffLoop]
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+class ApiVersionsRequest:
+    """Notes the client's software; answers versions newer than the proxy can read."""
+
+    def request(self, conn: ConnectionState, peek: RequestPeek,
+                body: memoryview) -> RequestDecision:
+        if peek.api_version > API_VERSIONS_MAX:
+            # What a broker answers for a version it does not know: error 35 at v0,
+            # listing the highest it knows; the client retries with that one.
+            reply = {"error_code": ErrorCode.UNSUPPORTED_VERSION,
+                     "api_keys": [{"api_key": api_keys.API_VERSIONS, "min_version": 0,
+                                   "max_version": API_VERSIONS_MAX}]}
+            return Answer(encode_response_parts(api_keys.API_VERSIONS, 0,
+                                                peek.correlation_id, reply))
+        if peek.api_version >= 3:
+            try:
+                fields = decode_request(body).body
+            except CodecError as exc:  # the broker will answer it with an error
+                log.debug("unreadable ApiVersions request: %s", exc)
+                return None
+            conn.info.software_name = fields.get("client_software_name")
+            conn.info.software_version = fields.get("client_software_version")
+        return None
+
+
+class SaslHandshakeRequest:
+    """v0 is followed by raw SASL tokens that are not Kafka frames: a proxy reading
+    request headers cannot follow them, so such a connection is refused clearly."""
+
+    def request(self, conn: ConnectionState, peek: RequestPeek,
+                body: memoryview) -> RequestDecision:
+        if peek.api_version != 0:
+            return None
+        return Close("SaslHandshake v0", "sasl_v0", "SaslHandshake v0 (raw SASL tokens) is "
+                     "not supported; the client must use SaslHandshake v1 and "
+                     "SaslAuthenticate (Kafka 1.0+ clients do)")
+
+
+class MetadataRequest:
+    """Sends a v13 request as v12 when the backend stops at v12 (the body is the same)."""
+
+    def request(self, conn: ConnectionState, peek: RequestPeek,
+                body: memoryview) -> RequestDecision:
+        conn.metadata_version = peek.api_version
+        backend_max = conn.backend_metadata_max or conn.shared.backend_metadata_max
+        if peek.api_version == BRIDGED_VERSION and (
+                backend_max is None or needs_bridge(peek.api_version, backend_max)):
+            return Forward(downgrade_request(bytes(body)), BACKEND_VERSION)
+        return None
+
+
+class LocalRequest:
+    """A request the proxy answers itself; refused before SASL when SASL is required."""
+
+    def __init__(self, answer: LocalHandler) -> None:
+        self.answer = answer
+
+    def request(self, conn: ConnectionState, peek: RequestPeek,
+                body: memoryview) -> RequestDecision:
+        if conn.shared.require_sasl and not conn.authenticated:
+            # A broker with SASL closes a connection whose first requests are not
+            # ApiVersions or the SASL exchange; requests answered here never reach it.
+            return Close("request before SASL authentication", "unauthenticated",
+                         "request before SASL authentication; connection closed",
+                         api_keys.api_name(peek.api_key))
+        reply = self.answer(conn, peek, body)
+        return reply if isinstance(reply, AnswerOffLoop) else Answer(reply)
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+class ApiVersionsResponse:
+    """Caps what the proxy decodes, adds what it serves, bridges Metadata v13."""
+
+    def wants(self, api_version: int) -> bool:
+        return True
+
+    def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
+                 body: memoryview) -> Handled:
+        try:
+            resp = decode_response(body, api_keys.API_VERSIONS, api_version)
+        except CodecError:
+            # A broker that does not know the requested version answers at v0 with an
+            # error; relay that unchanged so the client retries lower.
+            if decode_response(body, api_keys.API_VERSIONS, 0).body["error_code"] != 0:
+                return Handled()
+            raise
+        backend_max = bridge_metadata_version(resp.body)
+        if backend_max is not None:
+            conn.backend_metadata_max = conn.shared.backend_metadata_max = backend_max
+        cap_api_versions(resp.body, conn.shared.api_caps, add=conn.shared.served_apis)
+        return Handled(encode_response(resp))
+
+
+class MetadataResponse:
+    """Addresses rewritten, v13 bridged, REBOOTSTRAP_REQUIRED injected when stale."""
+
+    def wants(self, api_version: int) -> bool:
+        return True
+
+    def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
+                 body: memoryview) -> Handled:
+        shared = conn.shared
+        action = metadata_action(conn.saw_topology(), shared.epoch, api_version,
+                                 shared.legacy_clients)
+        rewritten = self._rewritten(conn, api_version, upstream_version, body,
+                                    inject=action is Action.INJECT)
+        change = shared.learn(rewritten.seen, conn.connected_epoch)
+        # This response is the client's view from now on (even if it just moved the epoch).
+        conn.topology_epoch = shared.epoch
+        return Handled(bytes(body[:4]) + rewritten.tail, rewritten.seen, change, action,
+                       close_after=action is Action.CLOSE)
+
+    @staticmethod
+    def _rewritten(conn: ConnectionState, api_version: int, upstream_version: int,
+                   body: memoryview, inject: bool) -> CachedRewrite:
+        """The rewritten response after its correlation id; from the cache unless injecting."""
+        shared = conn.shared
+        cache = shared.rewrites
+        key = None
+        if not inject and len(body) <= cache.max_entry_bytes:
+            key = RewriteKey(bytes(body[4:]), upstream_version, api_version, shared.port_map)
+            if (hit := cache.get(key)) is not None:
+                return hit
+        resp = decode_response(body, api_keys.METADATA, upstream_version, METADATA_OPAQUE)
+        seen = rewrite_metadata(resp.body, shared.port_map)
+        if api_version >= BRIDGED_VERSION:
+            resp.body["error_code"] = (ErrorCode.REBOOTSTRAP_REQUIRED if inject
+                                       else resp.body.get("error_code", 0))
+        out = encode_response_parts(api_keys.METADATA, api_version,
+                                    resp.header.correlation_id, resp.body, resp.header.tagged)
+        result = CachedRewrite(out[4:], seen)
+        if key is not None:
+            cache.put(key, result)
+        return result
+
+
+class AddressResponse:
+    """Broker addresses in FindCoordinator, DescribeCluster and KIP-951 NodeEndpoints."""
+
+    def __init__(self, api_key: int, since: int = 0) -> None:
+        self.api_key = api_key
+        self.since = since  # first version that carries addresses
+
+    def wants(self, api_version: int) -> bool:
+        return api_version >= self.since
+
+    def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
+                 body: memoryview) -> Handled:
+        shared = conn.shared
+        result = rewrite_response_frame(self.api_key, api_version, body, shared.port_map)
+        return Handled(result.frame, result.seen,
+                       shared.learn(result.seen, conn.connected_epoch))
+
+
+class SaslAuthenticateResponse:
+    """Notes whether the broker accepted the client's credentials; reads nothing else."""
+
+    def wants(self, api_version: int) -> bool:
+        return True
+
+    def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
+                 body: memoryview) -> Handled:
+        conn.authenticated = peek_response_error(
+            body, api_keys.SASL_AUTHENTICATE, api_version) == ErrorCode.NONE
+        return Handled()
+
+
+def standard_handlers(local: dict[int, LocalHandler] | None = None) -> Handlers:
+    """The handler table: address rewriting, ApiVersions, Metadata, SASL, local answers."""
+    requests: dict[int, RequestHandler] = {
+        api_keys.API_VERSIONS: ApiVersionsRequest(),
+        api_keys.SASL_HANDSHAKE: SaslHandshakeRequest(),
+        api_keys.METADATA: MetadataRequest(),
+    }
+    for key, answer in (local or {}).items():
+        requests[key] = LocalRequest(answer)
+    responses: dict[int, ResponseHandler] = {
+        api_keys.API_VERSIONS: ApiVersionsResponse(),
+        api_keys.METADATA: MetadataResponse(),
+        api_keys.FIND_COORDINATOR: AddressResponse(api_keys.FIND_COORDINATOR),
+        api_keys.DESCRIBE_CLUSTER: AddressResponse(api_keys.DESCRIBE_CLUSTER),
+        api_keys.SASL_AUTHENTICATE: SaslAuthenticateResponse(),
+    }
+    for key, since in NODE_ENDPOINTS_SINCE.items():
+        responses[key] = AddressResponse(key, since)
+    return Handlers(requests, responses)

@@ -1,0 +1,53 @@
+"""What every connection's decisions share: the backend view and the proxy's settings.
+
+One object, owned by the proxy and handed to each ``ConnectionState``: the port map,
+the backend view with its topology epoch, the APIs and versions advertised, the
+rewrite cache, and what the last ApiVersions relayed said of the backend. Pure
+state, no I/O: the proxy shell reacts to the changes ``learn`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kproxy.policies.addressing import PortMap
+from kproxy.policies.api_versions import default_caps
+from kproxy.policies.rewrite import Seen
+from kproxy.policies.rewrite_cache import RewriteCache
+from kproxy.policies.topology import BackendView, Change
+
+HostPort = tuple[str, int]
+
+
+@dataclass
+class ProxyState:
+    port_map: PortMap
+    legacy_clients: str = "close"  # below Metadata v13 on a change: "close" | "ignore"
+    require_sasl: bool = False  # answer nothing locally before SASL authentication
+    upstream_servers: list[HostPort] = field(default_factory=list)
+    view: BackendView = field(default_factory=BackendView)
+    rewrites: RewriteCache = field(default_factory=RewriteCache)
+    api_caps: dict[int, int] = field(default_factory=default_caps)
+    # APIs the proxy serves itself, advertised in ApiVersions: key -> (min, max).
+    served_apis: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # The backend's own Metadata maximum, from the last ApiVersions response relayed.
+    backend_metadata_max: int | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.view.epoch
+
+    def learn(self, seen: Seen, connected_epoch: int | None = None) -> Change | None:
+        """Merge what a response (or discovery, with no epoch) said about the backend.
+
+        A connection opened before the last change may still reach the old backend;
+        discovery, not it, decides what the backend is now, so its answers are ignored.
+        """
+        if not seen.nodes and not seen.complete:
+            return None
+        if connected_epoch is not None and (
+                connected_epoch < self.view.epoch
+                or (seen.cluster_id and self.view.cluster_id
+                    and seen.cluster_id != self.view.cluster_id)):
+            return None
+        return self.view.observe(seen.nodes, seen.cluster_id, seen.complete)

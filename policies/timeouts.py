@@ -1,0 +1,33 @@
+"""When a client connection has been silent too long, as pure functions of the clock.
+
+A new connection must deliver a complete request within the first-request timeout
+(a slowloris guard); afterwards, a connection with nothing in flight and no complete
+frame either way for the idle timeout is closed (Kafka's connections.max.idle.ms).
+A connection waiting for an answer is never idle.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def read_deadline(now: float, first_deadline: float, frames_in: int, in_flight: int,
+                  last_activity: float, idle_timeout: float) -> float:
+    """Until when to wait for the client's next bytes before looking again."""
+    if not frames_in:
+        return first_deadline
+    if not idle_timeout:
+        return math.inf
+    if in_flight:  # busy: look again later
+        return now + idle_timeout
+    return last_activity + idle_timeout
+
+
+def expired(now: float, frames_in: int, in_flight: int, last_activity: float,
+            idle_timeout: float) -> str | None:
+    """Which timeout ends the connection once a read deadline passed, if any."""
+    if not frames_in:
+        return "first_request_timeout"
+    if not in_flight and idle_timeout and now - last_activity >= idle_timeout:
+        return "idle_timeout"
+    return None
