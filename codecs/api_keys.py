@@ -8,6 +8,8 @@ from v0, as every API added since KIP-482 is.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 # api key -> (name, first flexible version or None when never flexible)
 API_KEYS: dict[int, tuple[str, int | None]] = {
     0: ("Produce", 9),
@@ -105,18 +107,41 @@ API_KEYS: dict[int, tuple[str, int | None]] = {
     92: ("DeleteShareGroupOffsets", 0),
 }
 
-PRODUCE = 0
-FETCH = 1
-METADATA = 3
-FIND_COORDINATOR = 10
-SASL_HANDSHAKE = 17
-API_VERSIONS = 18
-SASL_AUTHENTICATE = 36
-DESCRIBE_CLUSTER = 60
-GET_TELEMETRY_SUBSCRIPTIONS = 71
-PUSH_TELEMETRY = 72
-SHARE_FETCH = 78
-SHARE_ACKNOWLEDGE = 79
+
+
+class ApiKey(IntEnum):
+    """The API keys kproxy acts on by name (an IntEnum: compares and encodes as the int)."""
+
+    PRODUCE = 0
+    FETCH = 1
+    METADATA = 3
+    FIND_COORDINATOR = 10
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    SASL_AUTHENTICATE = 36
+    DESCRIBE_CLUSTER = 60
+    GET_TELEMETRY_SUBSCRIPTIONS = 71
+    PUSH_TELEMETRY = 72
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
+
+
+PRODUCE = ApiKey.PRODUCE
+FETCH = ApiKey.FETCH
+METADATA = ApiKey.METADATA
+FIND_COORDINATOR = ApiKey.FIND_COORDINATOR
+SASL_HANDSHAKE = ApiKey.SASL_HANDSHAKE
+API_VERSIONS = ApiKey.API_VERSIONS
+SASL_AUTHENTICATE = ApiKey.SASL_AUTHENTICATE
+DESCRIBE_CLUSTER = ApiKey.DESCRIBE_CLUSTER
+GET_TELEMETRY_SUBSCRIPTIONS = ApiKey.GET_TELEMETRY_SUBSCRIPTIONS
+PUSH_TELEMETRY = ApiKey.PUSH_TELEMETRY
+SHARE_FETCH = ApiKey.SHARE_FETCH
+SHARE_ACKNOWLEDGE = ApiKey.SHARE_ACKNOWLEDGE
+
+# The first Metadata version with a top-level ErrorCode (how REBOOTSTRAP_REQUIRED reaches
+# a client, KIP-1102).
+METADATA_TOP_LEVEL_ERROR_SINCE = 13
 
 
 def api_name(api_key: int) -> str:

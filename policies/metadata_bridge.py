@@ -11,7 +11,7 @@ import struct
 
 from kproxy.codecs import api_keys
 
-BRIDGED_VERSION = 13
+BRIDGED_VERSION = api_keys.METADATA_TOP_LEVEL_ERROR_SINCE
 BACKEND_VERSION = 12
 _VERSION_AT = 2  # request header: api_key int16, then api_version int16
 

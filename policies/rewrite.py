@@ -9,10 +9,12 @@ available) rather than handed out unreachable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kproxy.codecs import api_keys
+from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.headers import read_response_header
 from kproxy.codecs.interpreter import encode_top_level_tags, read_top_level_tags
 from kproxy.codecs.messages import Response, decode_response, encode_response
@@ -20,7 +22,7 @@ from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 from kproxy.policies.addressing import BrokerAddress, PortMap
 
-COORDINATOR_NOT_AVAILABLE = 15
+COORDINATOR_NOT_AVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
 
 Body = dict[str, Any]
 
@@ -101,13 +103,13 @@ def rewrite_find_coordinator(body: Body, api_version: int, pm: PortMap) -> Seen:
 # ----------------------------------------------------------------------------- frames
 
 # Metadata is rewritten by its own handler (cache, v13 bridge, rebootstrap injection).
-_DECODED_REWRITES = {
+_DECODED_REWRITES: dict[int, Callable[[Body, int, PortMap], Seen]] = {
     api_keys.DESCRIBE_CLUSTER: lambda body, _v, pm: rewrite_describe_cluster(body, pm),
     api_keys.FIND_COORDINATOR: rewrite_find_coordinator,
 }
 
 # First version of Produce / Fetch responses that may carry NodeEndpoints (KIP-951).
-NODE_ENDPOINTS_SINCE = {api_keys.PRODUCE: 10, api_keys.FETCH: 16}
+NODE_ENDPOINTS_SINCE: dict[int, int] = {api_keys.PRODUCE: 10, api_keys.FETCH: 16}
 
 
 @dataclass

@@ -13,6 +13,7 @@ import time
 
 from kproxy.archive import ArchiveWriter
 from kproxy.codecs import api_keys
+from kproxy.codecs.archive_records import ConnectionRecord
 from kproxy.codecs.framing import FrameTooLarge
 from kproxy.logs import RateLimitedLog
 from kproxy.metrics import ProxyMetrics
@@ -69,7 +70,7 @@ class SessionEvents:
         used = conn.api_versions_used
         metadata = used.get(api_keys.METADATA)
         info = conn.info
-        self.archive.connection({
+        record: ConnectionRecord = {
             "ts": round(time.time(), 3), "opened": round(opened_at, 3),
             "proxy": self.hostname, "listener": conn.listener,
             "client_id": info.client_id, "client_software_name": info.software_name,
@@ -81,4 +82,5 @@ class SessionEvents:
             "telemetry": api_keys.PUSH_TELEMETRY in used
             or api_keys.GET_TELEMETRY_SUBSCRIPTIONS in used,
             "bytes_in": bytes_in, "bytes_out": bytes_out,
-        })
+        }
+        self.archive.connection(dict(record))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,3 +135,24 @@ def test_cli_refuses_what_is_not_an_archive(tmp_path: Path) -> None:
                            "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 2 and "not a kproxy archive" in proc.stderr
+
+
+def test_connection_record_and_spark_schema_agree() -> None:
+    """The writer's record type and the reader's schema name the same fields, typed alike."""
+    import typing
+
+    from pyspark.sql.types import BooleanType, DoubleType, LongType, MapType, StringType
+
+    from kproxy.codecs.archive_records import ConnectionRecord
+    from kproxy.pipeline.schemas import CONNECTION
+
+    spark_type = {float: DoubleType, str: StringType, int: LongType, bool: BooleanType,
+                  dict: MapType}
+    hints = typing.get_type_hints(ConnectionRecord)
+    assert [f.name for f in CONNECTION.fields] == list(hints)
+    for field in CONNECTION.fields:
+        hint = hints[field.name]
+        base = next(a for a in typing.get_args(hint) if a is not type(None)) if (
+            typing.get_origin(hint) in (typing.Union, types.UnionType)) else hint
+        base = typing.get_origin(base) or base
+        assert isinstance(field.dataType, spark_type[base]), (field.name, hint)
