@@ -72,9 +72,11 @@ bench-pipeline: $(DEV)
 	/usr/bin/time -f "kproxy-fleet wall time: %e s, peak RSS %M KiB" \
 	  $(BIN)/kproxy-fleet $(BENCH_ARCHIVE) --out $(BENCH_ARCHIVE)-report
 
-# Side by side: direct, kproxy, tansu proxy, haproxy (TCP). Writes docs/benchmarks.md.
+# Side by side: direct, kproxy, tansu proxy, haproxy (TCP). Writes docs/benchmarks.md,
+# and docs/benchmarks-memory.md (peak memory with slow readers of 50 MB fetches).
 bench: $(DEV) bench-tools
 	$(BIN)/python tests/bench/run_bench.py
+	$(BIN)/python tests/bench/memory_bench.py
 
 # Long fuzzing: coverage-guided over every decoder (atheris), then hypothesis over the
 # live proxy. Findings are written as crash-* files in fuzz-corpus/ and fail the run.

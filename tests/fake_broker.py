@@ -6,6 +6,10 @@ outside the proxy's range, brokers that come and go, and brokers that misbehave
 answers ApiVersions, Metadata and FindCoordinator with our own codec, one
 listening port per fake node, and records which port each connection reached.
 
+With ``fetch_bytes`` it answers Fetch v4 with a response of that many record bytes
+(zeros; nothing in the path decodes them): tansu caps a fetch response at about 5 MB,
+and the memory benchmark needs 50 MB ones.
+
 With ``sasl_users`` it also stands in for a SASL/PLAIN broker (tansu 0.6's
 ``--authentication`` could not be given a user here): SaslHandshake v1 and
 SaslAuthenticate, and like Kafka it closes a connection that sends anything
@@ -38,8 +42,11 @@ class FakeBroker:
     requests: list[tuple[int, int, int]] = field(default_factory=list)
     sasl_users: dict[str, str] | None = None  # user -> password; None: no SASL
     authenticated: list[str] = field(default_factory=list)  # users, in order
+    fetch_bytes: int = 0  # > 0: answer Fetch v4 with this many bytes of records
+    _records: bytes = b""  # those records, one buffer shared by every connection
 
     async def start(self, nursery: trio.Nursery) -> FakeBroker:
+        self._records = bytes(self.fetch_bytes)
         for node in self.node_ids:
             listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
             self.ports[node] = listeners[0].socket.getsockname()[1]
@@ -59,6 +66,9 @@ class FakeBroker:
                 while data := await stream.receive_some(65536):
                     reader.feed(data)
                     for frame in reader.frames():
+                        if self.fetch_bytes and peek_request(frame).api_key == api_keys.FETCH:
+                            await self._big_fetch(stream, frame)
+                            continue
                         reply = self.answer(frame, conn)
                         if reply is None:  # refused: a broker closes the connection
                             await stream.aclose()
@@ -76,6 +86,19 @@ class FakeBroker:
                 pass
 
         return handle
+
+    async def _big_fetch(self, stream: trio.SocketStream, frame: bytes) -> None:
+        """A Fetch v4 response for one partition carrying ``fetch_bytes`` of records,
+        sent from one shared buffer (the fake must not hold a copy per connection)."""
+        peek = peek_request(frame)
+        assert peek.api_version == 4, "the big-fetch fake speaks Fetch v4 only"
+        topic = b"big"
+        head = (struct.pack(">ii", peek.correlation_id, 0)  # header, throttle_time_ms
+                + struct.pack(">ih", 1, len(topic)) + topic
+                + struct.pack(">iihqqi", 1, 0, 0, 1, 1, 0)  # partition 0, no error, no aborts
+                + struct.pack(">i", self.fetch_bytes))
+        await stream.send_all(struct.pack(">i", len(head) + self.fetch_bytes) + head)
+        await stream.send_all(self._records)
 
     def answer(self, frame: bytes, conn: dict[str, bool] | None = None) -> bytes | None:
         peek = peek_request(frame)
