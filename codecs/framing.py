@@ -121,6 +121,15 @@ class FrameReader:
         """Bytes this reader keeps alive: buffered chunks and a frame opened in place."""
         return self._buffered + (len(self._frame) if self._frame is not None else 0)
 
+    def _next_total(self) -> int:
+        """The buffered next frame's whole size, prefix included, once checked."""
+        (size,) = _SIZE.unpack(self._peek(4))
+        if size < 0:
+            raise CodecError(f"negative frame size {size}", what="frame size", offset=0)
+        if size > self.max_frame_bytes:
+            raise FrameTooLarge(size, self.max_frame_bytes)
+        return int(size) + 4
+
     def pending(self) -> tuple[int, bytes] | None:
         """The frame being received, when its start is buffered but not all of it.
 
@@ -130,12 +139,7 @@ class FrameReader:
         """
         if self._frame is not None or self._buffered < 4:
             return None
-        (size,) = _SIZE.unpack(self._peek(4))
-        if size < 0:
-            raise CodecError(f"negative frame size {size}", what="frame size", offset=0)
-        if size > self.max_frame_bytes:
-            raise FrameTooLarge(size, self.max_frame_bytes)
-        total = size + 4
+        total = self._next_total()
         if self._buffered >= total:
             return None
         return total, self._peek(min(8, self._buffered))
@@ -183,12 +187,7 @@ class FrameReader:
             return Frame(whole, 0, len(whole))
         if self._buffered < 4:
             return None
-        (size,) = _SIZE.unpack(self._peek(4))
-        if size < 0:
-            raise CodecError(f"negative frame size {size}", what="frame size", offset=0)
-        if size > self.max_frame_bytes:
-            raise FrameTooLarge(size, self.max_frame_bytes)
-        total = size + 4
+        total = self._next_total()
         if self._buffered < total:
             if self.in_place_from is not None and total >= self.in_place_from:
                 self._open_in_place(total)

@@ -8,7 +8,7 @@ state, no I/O: the proxy shell reacts to the changes ``learn`` returns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kproxy.policies.addressing import PortMap
 from kproxy.policies.api_versions import default_caps
@@ -36,6 +36,18 @@ class ProxyState:
     @property
     def epoch(self) -> int:
         return self.view.epoch
+
+    def reconfigure(self, legacy_clients: str, require_sasl: bool,
+                    upstream_servers: list[HostPort]) -> None:
+        """A reloaded configuration; the view and its epoch carry on."""
+        self.legacy_clients = legacy_clients
+        self.require_sasl = require_sasl
+        self.upstream_servers = list(upstream_servers)
+
+    def serve_sni_on(self, port: int) -> None:
+        """SNI routing listens on a port the OS picked: advertise that one."""
+        if self.port_map.sni is not None:
+            self.port_map = replace(self.port_map, sni=replace(self.port_map.sni, port=port))
 
     def learn(self, seen: Seen, connected_epoch: int | None = None) -> Change | None:
         """Merge what a response (or discovery, with no epoch) said about the backend.

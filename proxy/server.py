@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import trio
@@ -55,7 +54,7 @@ class Proxy:
         self.metrics = metrics = metrics or ProxyMetrics()
         self.ratelog = RateLimitedLog()
         self.state = ProxyState(config.port_map, config.legacy_clients, config.require_sasl,
-                                list(config.upstream))
+                                list(config.upstream), served_apis=served_apis(config))
         self.archive: ArchiveWriter | None = None
         if config.archive:
             self.archive = ArchiveWriter(ArchiveSettings(
@@ -69,9 +68,6 @@ class Proxy:
             self.telemetry = TelemetryService(config.telemetry, metrics, archive=self.archive)
             local[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = self.telemetry.handle_get
             local[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
-            # Both keys, always together: a client only pushes when it sees both.
-            self.state.served_apis = {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0),
-                                      api_keys.PUSH_TELEMETRY: (0, 0)}
         local.update(local_handlers or {})  # tests stand in their own answers
         self.rotation = BootstrapRotation(config.upstream, upstream_context(config))
         events = SessionEvents(metrics, self.ratelog, self.archive)
@@ -102,9 +98,7 @@ class Proxy:
     def set_config(self, new: Config) -> None:
         """A reloaded configuration: new connections and the services use it from now on."""
         self.config = self.services.config = self.listeners.config = new
-        self.state.legacy_clients = new.legacy_clients
-        self.state.require_sasl = new.require_sasl
-        self.state.upstream_servers = list(new.upstream)
+        self.state.reconfigure(new.legacy_clients, new.require_sasl, new.upstream)
         self.rotation.servers = list(new.upstream)
         self.services.connector.timeout = new.connect_timeout
         self.admission.max_connections = new.max_connections
@@ -139,8 +133,7 @@ class Proxy:
                 self.bootstrap_port = bootstrap[0].socket.getsockname()[1]
                 sni = self.state.port_map.sni
                 if sni is not None and sni.port == 0:  # listening on a port picked by the OS
-                    self.state.port_map = replace(self.state.port_map,
-                                                  sni=replace(sni, port=self.bootstrap_port))
+                    self.state.serve_sni_on(self.bootstrap_port)
                 services.start_soon(self._serve, bootstrap, "bootstrap", None,
                                     self._bootstrap_scope)
                 http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
@@ -245,3 +238,11 @@ class Proxy:
         if now - last > stale_after:
             return False, f"backend not reached for {now - last:.0f}s"
         return True, f"{len(self.state.view.nodes)} broker(s) known"
+
+
+def served_apis(config: Config) -> dict[int, tuple[int, int]]:
+    """APIs the proxy answers itself, as advertised in ApiVersions: key -> (min, max)."""
+    if not config.telemetry.enabled:
+        return {}
+    # Both keys, always together: a client only pushes when it sees both.
+    return {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0), api_keys.PUSH_TELEMETRY: (0, 0)}
