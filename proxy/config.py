@@ -79,6 +79,7 @@ class Config:
     drain_timeout: float
     telemetry: TelemetryConfig
     max_buffered_bytes: int = 256 * 1024 * 1024
+    max_fetch_version: int | None = None
     max_connections: int = 10_000
     max_connections_per_source: int = 1_000
     idle_timeout: float = 600.0

@@ -204,6 +204,11 @@ OPTIONS: tuple[Option, ...] = (
 # Limits: each hit is counted in kproxy_limit_hits{limit=NAME} and logged at most once
 # per interval. Defaults follow the broker's own where it has one.
 LIMIT_OPTIONS: tuple[Option, ...] = (
+    Option("max_fetch_version", parse_positive_int, None,
+           "advertise Fetch no higher than this; 15 makes every fetch response pass "
+           "through as it arrives (v16+ responses may carry broker addresses and are held "
+           "whole to rewrite them), at the cost of KIP-951's leader hints", "VERSION",
+           restart=True),
     Option("max_buffered_bytes", parse_positive_int, 256 * 1024 * 1024,
            "bytes the proxy holds for all connections together (frames received and not "
            "yet written, both ways); when reached it stops reading until writes free room "

@@ -32,6 +32,7 @@ from kproxy.listeners import open_listeners, peer_of
 from kproxy.logs import RateLimitedLog
 from kproxy.memory import MemoryBudget
 from kproxy.metrics import ProxyMetrics
+from kproxy.policies.api_versions import default_caps
 from kproxy.policies.handlers import LocalHandler, standard_handlers
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.session import Session
@@ -54,7 +55,8 @@ class Proxy:
         self.metrics = metrics = metrics or ProxyMetrics()
         self.ratelog = RateLimitedLog()
         self.state = ProxyState(config.port_map, config.legacy_clients, config.require_sasl,
-                                list(config.upstream), served_apis=served_apis(config))
+                                list(config.upstream), served_apis=served_apis(config),
+                                api_caps=api_caps(config))
         self.archive: ArchiveWriter | None = None
         if config.archive:
             self.archive = ArchiveWriter(ArchiveSettings(
@@ -246,3 +248,11 @@ def served_apis(config: Config) -> dict[int, tuple[int, int]]:
         return {}
     # Both keys, always together: a client only pushes when it sees both.
     return {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0), api_keys.PUSH_TELEMETRY: (0, 0)}
+
+
+def api_caps(config: Config) -> dict[int, int]:
+    """The highest version advertised per API the proxy decodes (and Fetch's, if capped)."""
+    caps = default_caps()
+    if config.max_fetch_version is not None:
+        caps[api_keys.FETCH] = min(caps[api_keys.FETCH], config.max_fetch_version)
+    return caps

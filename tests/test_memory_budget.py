@@ -15,11 +15,13 @@ import pytest
 import trio
 import trio.testing
 
+from kproxy.codecs import api_keys
 from kproxy.codecs.framing import FrameReader
 from kproxy.embedded_broker import TansuBroker
 from kproxy.memory import Charge, MemoryBudget
 
-from .support import kproxy_process
+from .support import RawClient, kproxy_process
+from .test_security import API_VERSIONS_V3
 
 # ----------------------------------------------------------------------------- unit
 
@@ -124,6 +126,16 @@ def _fetch_v4(correlation_id: int, topic: str, max_bytes: int) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
+async def _advertised_max(port: int, api_key: int) -> int:
+    client = await RawClient.connect(port)
+    try:
+        resp = await client.request(api_keys.API_VERSIONS, 3, 1, API_VERSIONS_V3)
+    finally:
+        await client.aclose()
+    return int(next(e["max_version"] for e in resp.body["api_keys"]
+                    if e["api_key"] == api_key))
+
+
 def _rss_peak_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -197,17 +209,20 @@ async def test_large_fetches_stay_within_the_budget(tmp_path: Path) -> None:
 
 
 @pytest.mark.broker
-async def test_fetches_that_must_be_rewritten_wait_for_room(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_fetch_version", [None, 15])
+async def test_fetches_that_must_be_rewritten_wait_for_room(
+        tmp_path: Path, max_fetch_version: int | None) -> None:
     """librdkafka fetches at v16, whose responses may carry NodeEndpoints and are
     received whole: the budget admits them a few at a time, and every consumer still
-    reads everything."""
+    reads everything. With --max-fetch-version 15 they fetch at v15 and pass through."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     broker = TansuBroker(log_path=tmp_path / "tansu.log").start()
     try:
         await trio.to_thread.run_sync(_produce, broker.bootstrap)
+        cap = ["--max-fetch-version", str(max_fetch_version)] if max_fetch_version else []
         with kproxy_process(broker.bootstrap, tmp_path,
-                            "--max-buffered-bytes", str(BUDGET)) as kp:
+                            "--max-buffered-bytes", str(BUDGET), *cap) as kp:
             before = _rss_peak_kib(kp.process.pid)
 
             def consume(i: int) -> int:
@@ -244,8 +259,11 @@ async def test_fetches_that_must_be_rewritten_wait_for_room(tmp_path: Path) -> N
             _, metrics = kp.http_get("/metrics")
             peak = float(next(line.split()[1] for line in metrics.splitlines()
                               if line.startswith("kproxy_buffered_bytes_peak ")))
-            print(f"proxy peak RSS grew {grown_mib:.1f} MiB for 8 v16 consumers; "
-                  f"budget peak {peak / 2**20:.1f} MiB")
+            fetch_max = await _advertised_max(kp.bootstrap_port, api_keys.FETCH)
+            assert (fetch_max == 15) if max_fetch_version else (fetch_max >= 16)
+            print(f"proxy peak RSS grew {grown_mib:.1f} MiB for 8 consumers (max Fetch "
+                  f"version {max_fetch_version or 'uncapped'}); budget peak "
+                  f"{peak / 2**20:.1f} MiB")
             # Whole responses are admitted while they fit (one may go over when only
             # waiters hold bytes); a receive buffer per connection besides.
             assert peak <= BUDGET + 6e6 + 16 * 256 * 1024
