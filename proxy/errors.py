@@ -14,7 +14,7 @@ class SessionClosed(Exception):
     """Ends a session; the message says why, for the log."""
 
 
-class PeerGone(SessionClosed):
+class PeerGone(Exception):
     """The peer closed or reset the connection, or it broke under us."""
 
 

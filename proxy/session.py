@@ -70,7 +70,6 @@ class Session:
         self.bytes_in = 0
         self.bytes_out = 0
         self.opened_at = time.time()
-        self.closed_because: str | None = None
         self._write_lock = trio.Lock()
         self._room = trio.Event()
         self._draining = False
@@ -108,12 +107,9 @@ class Session:
         try:
             await direction()
         except SessionClosed as exc:
-            self.closed_because = str(exc)
             log.debug("session closed: %s", exc, extra={"fields": self.conn.log_fields()})
-        except (PeerGone, trio.BrokenResourceError, trio.ClosedResourceError,
-                OSError) as exc:
-            self.closed_because = "peer gone"
-            log.debug("session ended: %r", exc, extra={"fields": self.conn.log_fields()})
+        except PeerGone as exc:
+            log.debug("session ended: %s", exc, extra={"fields": self.conn.log_fields()})
         except Exception:
             self.services.metrics.internal_errors.inc()
             log.exception("internal error in a session; closing it",
