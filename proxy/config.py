@@ -79,6 +79,7 @@ class Config:
     drain_timeout: float
     telemetry: TelemetryConfig
     max_buffered_bytes: int = 256 * 1024 * 1024
+    workers: int = 0  # 0: one per usable CPU
     max_fetch_version: int | None = None
     max_connections: int = 10_000
     max_connections_per_source: int = 1_000
@@ -224,7 +225,8 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         upstream=v["upstream"], listen=v["listen"], advertised_host=advertised,
         broker_port_base=base, broker_bind_host=v["broker_bind_host"] or listen_host,
         broker_bind_port_base=bind_base, node_id_range=v["node_id_range"], http=v["http"],
-        reuse_port=v["reuse_port"], log_format=v["log_format"], log_level=v["log_level"],
+        reuse_port=v["reuse_port"], workers=v["workers"], log_format=v["log_format"],
+        log_level=v["log_level"],
         max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
         connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
         discovery_interval=v["discovery_interval"],

@@ -66,6 +66,13 @@ def parse_positive_int(text: str | int) -> int:
     return value
 
 
+def parse_workers(text: str | int) -> int:
+    """A worker count, or ``auto`` (0): as many as the CPUs the process may use."""
+    if str(text).strip().lower() == "auto":
+        return 0
+    return parse_positive_int(text)
+
+
 def parse_seconds(text: str | float) -> float:
     value = float(text)
     if value <= 0:
@@ -160,6 +167,10 @@ OPTIONS: tuple[Option, ...] = (
            "processes on one host share the ports and the kernel spreads connections "
            "over them (one process per core); each needs its own --http port",
            "on|off", restart=True),
+    Option("workers", parse_workers, "auto",
+           "proxy processes sharing the ports (SO_REUSEPORT) under one supervisor that "
+           "restarts them and serves one combined /metrics; auto: one per CPU this process "
+           "may use (its affinity, capped by a cgroup CPU limit)", "N|auto", restart=True),
     Option("log_format", parse_choice("text", "json"), "text", "log line format",
            "text|json"),
     Option("log_level", parse_choice("debug", "info", "warning", "error"), "info",

@@ -9,7 +9,7 @@ import sys
 import trio
 
 from kproxy import config as config_mod
-from kproxy import logs
+from kproxy import logs, workers
 from kproxy.server import Proxy
 
 
@@ -29,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
+    count = workers.worker_count(cfg)
+    if count > 1:
+        return workers.supervise(cfg, run_arguments(), count)
     try:
         proxy = Proxy(cfg, reload_config=lambda: config_mod.load(args))
     except config_mod.ConfigError as exc:  # e.g. a certificate that cannot be read
@@ -41,6 +44,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kproxy run: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_arguments() -> list[str]:
+    """What was given after ``run`` on the command line, for the workers to get the same."""
+    argv = sys.argv[1:]
+    return argv[argv.index("run") + 1:] if "run" in argv else []
 
 
 def settle_heap() -> None:

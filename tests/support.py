@@ -143,7 +143,8 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
                    preexec: Callable[[], None] | None = None) -> Iterator[KproxyProcess]:
     bootstrap, http, base = free_port(), free_port(), free_port()
     log_path = tmp_path / f"kproxy-{bootstrap}.log"
-    cmd = [sys.executable, "-m", "kproxy.cli", "run",
+    # One process unless a test asks for workers (--workers N after, which wins).
+    cmd = [sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
            *(["--upstream", upstream] if upstream else []),
            "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
            "--broker-port-base", str(base), "--node-id-range", node_id_range,

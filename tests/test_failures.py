@@ -102,7 +102,8 @@ async def test_sigterm_drains_in_flight_then_exits_zero(nursery: trio.Nursery,
     fake = await FakeBroker(node_ids=[0]).start(nursery)
     bootstrap, http = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kproxy.cli", "run", "--upstream", fake.bootstrap,
+        [sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
+         "--upstream", fake.bootstrap,
          "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
          "--broker-port-base", str(free_port()), "--node-id-range", "0-0",
          "--drain-timeout", "10"],

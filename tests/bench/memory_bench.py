@@ -119,7 +119,7 @@ def main() -> int:
     try:
         listen, http, base = free_port(), free_port(), free_port()
         with open(work / "kproxy.log", "wb") as log:
-            kp = subprocess.Popen([sys.executable, "-m", "kproxy.cli", "run",
+            kp = subprocess.Popen([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
                                    "--upstream", f"127.0.0.1:{fake_port}",
                                    "--listen", f"127.0.0.1:{listen}",
                                    "--http", f"127.0.0.1:{http}",

@@ -242,7 +242,7 @@ def main() -> int:
     paths = [Path_("direct", brokers["direct"].bootstrap)]
     try:
         kp_port, kp_http, kp_base = free_port(), free_port(), free_port()
-        kp = start([sys.executable, "-m", "kproxy.cli", "run",
+        kp = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
                     "--upstream", brokers["kproxy"].bootstrap,
                     "--listen", f"127.0.0.1:{kp_port}", "--http", f"127.0.0.1:{kp_http}",
                     "--broker-port-base", str(kp_base), "--node-id-range", "111-111",

@@ -1,0 +1,98 @@
+"""Combining the /metrics of several kproxy workers into one exposition.
+
+Each worker is a process with its own registry; the supervisor scrapes them all and
+serves one text in the Prometheus format, one line per series. Series with the same
+name and labels are combined by what they mean:
+
+- the proxy's counters, histograms and additive gauges (connections, bytes held,
+  limits, series counts): summed — each worker counts its own share;
+- gauges that describe the one backend or a state all workers share (topology epoch,
+  brokers known, listeners): the highest; readiness: the lowest;
+- client telemetry (every family not named ``kproxy_*``): a client's series live in
+  the worker that holds its connection, and in two workers only after it reconnected
+  to another one; clients push cumulative values by default, so the highest is the
+  newest. One line per series either way: no duplicates.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# Proxy gauges that are not a per-worker share.
+MAX_GAUGES = frozenset({"kproxy_topology_epoch", "kproxy_backend_brokers",
+                        "kproxy_broker_listeners", "kproxy_open_file_limit"})
+MIN_GAUGES = frozenset({"kproxy_ready"})
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created", "_info")
+
+
+def _family(sample: str, types: dict[str, str]) -> str:
+    """The family a sample belongs to (``x_bucket`` belongs to histogram ``x``)."""
+    if sample in types:
+        return sample
+    for suffix in _SUFFIXES:
+        if sample.endswith(suffix) and sample[: -len(suffix)] in types:
+            return sample[: -len(suffix)]
+    return sample
+
+
+def _combine(family: str, kind: str, values: list[float]) -> float:
+    if not family.startswith("kproxy_"):
+        return max(values)  # client telemetry: the newest cumulative value
+    if family in MAX_GAUGES:
+        return max(values)
+    if family in MIN_GAUGES:
+        return min(values)
+    return sum(values)
+
+
+def merge_expositions(texts: Iterable[str]) -> str:
+    """One Prometheus text exposition out of several, each series once."""
+    help_: dict[str, str] = {}
+    types: dict[str, str] = {}
+    order: list[str] = []  # families, first seen first
+    series: dict[str, dict[tuple[str, str], list[float]]] = {}
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                parts = line.split(" ", 3)
+                if len(parts) < 4:
+                    continue
+                name = parts[2]
+                (help_ if parts[1] == "HELP" else types).setdefault(name, parts[3])
+                if name not in series:
+                    series[name] = {}
+                    order.append(name)
+                continue
+            match = _SAMPLE.match(line)
+            if match is None:
+                continue
+            sample, labels, value = match.group(1), match.group(2) or "", match.group(3)
+            family = _family(sample, types)
+            if family not in series:
+                series[family] = {}
+                order.append(family)
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            series[family].setdefault((sample, labels), []).append(number)
+    out: list[str] = []
+    for family in order:
+        if family in help_:
+            out.append(f"# HELP {family} {help_[family]}")
+        if family in types:
+            out.append(f"# TYPE {family} {types[family]}")
+        kind = types.get(family, "untyped")
+        for (sample, labels), values in series[family].items():
+            out.append(f"{sample}{labels} {_format(_combine(family, kind, values))}")
+    return "\n".join(out) + "\n"
+
+
+def _format(value: float) -> str:
+    if value == float("inf"):
+        return "+Inf"
+    if value == float("-inf"):
+        return "-Inf"
+    return repr(float(value))
