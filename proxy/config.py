@@ -14,6 +14,7 @@ import re
 import socket
 import sys
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,32 @@ def parse_compression_list(text: str | list[str]) -> tuple[int, ...]:
     if not out:
         raise ValueError("at least one compression type is needed")
     return tuple(out)
+
+
+def parse_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(str(text).strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    parts.port  # noqa: B018 -- raises ValueError on a bad port
+    return str(text).strip()
+
+
+def parse_headers(text: str | dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """NAME=VALUE,... (values URL-decoded, as OTEL_EXPORTER_OTLP_HEADERS) or a TOML table."""
+    if isinstance(text, dict):
+        pairs = [(str(k), str(v)) for k, v in text.items()]
+    else:
+        pairs = []
+        for item in (i for i in str(text).split(",") if i.strip()):
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"expected NAME=VALUE, got {item.strip()!r}")
+            pairs.append((name.strip(), urllib.parse.unquote(value.strip())))
+    for name, value in pairs:
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name) or re.search(r"[\r\n\0]",
+                                                                                 value):
+            raise ValueError(f"not a valid HTTP header: {name!r}")
+    return tuple(pairs)
 
 
 def parse_prefix(text: str) -> str:
@@ -294,8 +321,46 @@ TELEMETRY_OPTIONS: tuple[Option, ...] = (
                "cap on exported client series; the excess is dropped and counted", "N"),
     _telemetry("telemetry_max_instances", parse_positive_int, 100_000,
                "client instances remembered before the least recently seen is forgotten", "N"),
+    _telemetry("telemetry_prometheus", parse_bool, True,
+               "export the clients' metrics on /metrics; off leaves them to OTLP", "on|off"),
 )
-OPTIONS = OPTIONS + TELEMETRY_OPTIONS
+
+
+def _otlp(name: str, parse: Callable[[Any], Any], default: Any, help_: str,
+          metavar: str = "") -> Option:
+    key = name.removeprefix("telemetry_otlp_")
+    return Option(name, parse, default, help_, metavar, ("telemetry", "otlp", key))
+
+
+# OTLP/HTTP export of accepted pushes ([telemetry.otlp] in the file); off without endpoint.
+OTLP_OPTIONS: tuple[Option, ...] = (
+    _otlp("telemetry_otlp_endpoint", parse_url, None,
+          "forward every accepted push to this OTLP/HTTP metrics endpoint, e.g. "
+          "http://otel-collector:4318/v1/metrics (off when unset)", "URL"),
+    _otlp("telemetry_otlp_headers", parse_headers, None,
+          "extra request headers, NAME=VALUE,... (in the file: a table)", "LIST"),
+    _otlp("telemetry_otlp_timeout", parse_seconds, 10.0,
+          "longest one export request may take before it counts as failed", "SECONDS"),
+    _otlp("telemetry_otlp_compression", parse_choice("gzip", "none"), "gzip",
+          "request body compression", "gzip|none"),
+    _otlp("telemetry_otlp_tls_ca", str, None,
+          "PEM bundle that verifies an https endpoint (default: the system's)", "FILE"),
+    _otlp("telemetry_otlp_tls_cert", str, None,
+          "PEM client certificate for an https endpoint that requires mTLS", "FILE"),
+    _otlp("telemetry_otlp_tls_key", str, None, "PEM private key of --telemetry-otlp-tls-cert",
+          "FILE"),
+    _otlp("telemetry_otlp_max_batch_bytes", parse_positive_int, 1024 * 1024,
+          "pushes are sent together up to this many payload bytes per request", "BYTES"),
+    _otlp("telemetry_otlp_max_batch_age", parse_seconds, 2.0,
+          "longest a push waits for others to share its request", "SECONDS"),
+    _otlp("telemetry_otlp_max_queue_bytes", parse_positive_int, 16 * 1024 * 1024,
+          "pushes waiting for the collector; beyond this they are dropped and counted "
+          "(a slow or absent collector never slows the relay)", "BYTES"),
+    _otlp("telemetry_otlp_max_retry_time", parse_seconds, 60.0,
+          "how long a request is retried (429, 5xx, no answer) before its pushes are "
+          "dropped", "SECONDS"),
+)
+OPTIONS = OPTIONS + TELEMETRY_OPTIONS + OTLP_OPTIONS
 OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
 
 
@@ -305,6 +370,7 @@ class TelemetryConfig:
     settings: TelemetrySettings
     metric_prefix: str
     max_series: int
+    prometheus: bool = True
 
 
 @dataclass(frozen=True)
@@ -352,6 +418,17 @@ class Config:
     upstream_tls_cert: str | None = None
     upstream_tls_key: str | None = None
     require_sasl: bool = False
+    telemetry_otlp_endpoint: str | None = None
+    telemetry_otlp_headers: tuple[tuple[str, str], ...] | None = None
+    telemetry_otlp_timeout: float = 10.0
+    telemetry_otlp_compression: str = "gzip"
+    telemetry_otlp_tls_ca: str | None = None
+    telemetry_otlp_tls_cert: str | None = None
+    telemetry_otlp_tls_key: str | None = None
+    telemetry_otlp_max_batch_bytes: int = 1024 * 1024
+    telemetry_otlp_max_batch_age: float = 2.0
+    telemetry_otlp_max_queue_bytes: int = 16 * 1024 * 1024
+    telemetry_otlp_max_retry_time: float = 60.0
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
@@ -433,16 +510,25 @@ def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     for key, value in data.items():
         if isinstance(value, dict):
             tables[key] = value
-            for sub, subvalue in value.items():
-                if (key, sub) in known:
-                    values[(key, sub)] = subvalue
-                elif (key, sub) not in KNOWN_TABLE_ENTRIES:
-                    raise ConfigError(f"{path}: {key}.{sub}: unknown key")
+            _read_table(path, (key,), value, known, values)
         elif (key,) in known:
             values[(key,)] = value
         else:
             raise ConfigError(f"{path}: {key}: unknown key")
     return values, tables
+
+
+def _read_table(path: str, at: tuple[str, ...], table: dict[str, Any],
+                known: set[tuple[str, ...]], values: dict[tuple[str, ...], Any]) -> None:
+    """Option values of a table, and of the tables inside it (e.g. [telemetry.otlp])."""
+    for sub, subvalue in table.items():
+        key = (*at, sub)
+        if key in known:
+            values[key] = subvalue
+        elif isinstance(subvalue, dict) and any(k[:len(key)] == key for k in known):
+            _read_table(path, key, subvalue, known, values)
+        elif key not in KNOWN_TABLE_ENTRIES:
+            raise ConfigError(f"{path}: {'.'.join(key)}: unknown key")
 
 
 def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
@@ -465,7 +551,7 @@ def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
         compression_types=v["telemetry_compression_types"],
         max_instances=v["telemetry_max_instances"])
     return TelemetryConfig(v["telemetry"], settings, v["telemetry_metric_prefix"],
-                           v["telemetry_max_series"])
+                           v["telemetry_max_series"], v["telemetry_prometheus"])
 
 
 def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Config:
@@ -490,7 +576,7 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         archive_queue_records=v["archive_queue_records"], legacy_clients=v["legacy_clients"],
         admin=v["admin"], drain_timeout=v["drain_timeout"],
         telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
-        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS},
+        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS + OTLP_OPTIONS},
     )
     _check_security(cfg)
     try:
@@ -508,7 +594,8 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
 
 def _check_security(cfg: Config) -> None:
     """Options that only make sense together; the files themselves are read at start."""
-    pairs = (("tls_cert", "tls_key"), ("upstream_tls_cert", "upstream_tls_key"))
+    pairs = (("tls_cert", "tls_key"), ("upstream_tls_cert", "upstream_tls_key"),
+             ("telemetry_otlp_tls_cert", "telemetry_otlp_tls_key"))
     for cert, key in pairs:
         if bool(getattr(cfg, cert)) != bool(getattr(cfg, key)):
             raise ConfigError(f"{cert} and {key}: set both or neither")

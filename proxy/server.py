@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
+from kproxy import otlp_export, status
 from kproxy.archive import KINDS, ArchiveSettings, ArchiveWriter
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
@@ -92,6 +93,7 @@ class ProxyContext:
         self.archive: ArchiveWriter | None = None
         self.backend_metadata_max: int | None = None  # from the last ApiVersions relayed
         self.rewrites = RewriteCache()  # Metadata responses already rewritten
+        self.last_change: tuple[float, str, str] | None = None  # when, reason, what
 
     # ------------------------------------------------------------------ upstream
 
@@ -309,6 +311,7 @@ class ProxyContext:
         log.info("backend changed: %s", change.describe(),
                  extra={"fields": {"epoch": change.epoch, "reason": reason}})
         self.metrics.topology_changes.labels(reason).inc()
+        self.last_change = (time.time(), reason, change.describe())
         self.metrics.topology_epoch.set(change.epoch)
         self.rebootstrap.bump(change.epoch)
         servers = set(self.rotation.servers)
@@ -357,6 +360,7 @@ class Proxy:
             # Both keys, always together: a client only pushes when it sees both.
             self.ctx.served_apis = {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0),
                                     api_keys.PUSH_TELEMETRY: (0, 0)}
+        self.otlp = otlp_export.install(self)  # None unless telemetry.otlp.endpoint is set
         self.server_tls = server_context(config)
         # Connections admitted and not yet closed (TLS handshakes included), in all and
         # by source address, for the connection limits.
@@ -405,6 +409,8 @@ class Proxy:
                                     http)
                 await self._discover_once()
                 services.start_soon(self._discovery_loop)
+                if self.otlp is not None:
+                    services.start_soon(self.otlp.run)
                 if handle_signals:
                     services.start_soon(self._signals)
                 if cfg.source and cfg.config_watch_interval > 0:
@@ -683,7 +689,7 @@ class Proxy:
                                 f"told to bootstrap again\n".encode())
 
         return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
-                "/admin/rebootstrap": rebootstrap}
+                "/admin/rebootstrap": rebootstrap, **status.routes(self)}
 
 
 class ArchiveCollector(Collector):

@@ -31,6 +31,7 @@ from kproxy.codecs.peek import (
     peek_response_error,
 )
 from kproxy.inflight import OrderedResponses, Slot
+from kproxy.latency_sketch import LatencySketch
 from kproxy.policies.rewrite import carries_addresses
 from kproxy.transport import Buffer, Transport, transport_for
 
@@ -93,6 +94,7 @@ class Session:
         self.bytes_in = 0
         self.bytes_out = 0
         self.opened_at = time.time()
+        self.latency = LatencySketch()  # recent response times, for the status page
         self._write_lock = trio.Lock()
         self._room = trio.Event()
         self._draining = False
@@ -343,6 +345,7 @@ class Session:
                 size = len(slot.wire) + 4 if isinstance(slot.wire, Frame) else len(slot.wire)
                 api = metrics.api(slot.api_key)
                 api.latency.observe(now - slot.started)
+                self.latency.observe(now - slot.started, now)
                 api.response_bytes.inc(size)
                 self.bytes_out += size
             await self._send(self._client_io, parts)
