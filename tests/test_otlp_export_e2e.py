@@ -20,7 +20,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from kproxy.embedded_broker import TansuBroker, free_port
 
-from .fake_otlp_collector import FakeCollector, Received, fake_collector
+from .fake_otlp_collector import FakeCollector, fake_collector
 from .support import KproxyProcess, kproxy_process
 
 pytestmark = pytest.mark.broker
