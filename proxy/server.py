@@ -94,6 +94,7 @@ class ProxyContext:
         self.backend_metadata_max: int | None = None  # from the last ApiVersions relayed
         self.rewrites = RewriteCache()  # Metadata responses already rewritten
         self.last_change: tuple[float, str, str] | None = None  # when, reason, what
+        self.on_connection_closed: list[Callable[[Session], None]] = []  # status page
 
     # ------------------------------------------------------------------ upstream
 
@@ -125,6 +126,8 @@ class ProxyContext:
 
     def connection_closed(self, session: Session) -> None:
         """One inventory record per client connection, for the fleet pipeline."""
+        for hook in self.on_connection_closed:
+            hook(session)
         if self.archive is None or not session.api_versions_used:
             return
         used = session.api_versions_used

@@ -14,6 +14,7 @@ import json
 import time
 import urllib.parse
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,14 +51,58 @@ class PushTimes:
         self.at[session] = time.time()
 
 
-_push_times: weakref.WeakKeyDictionary[Proxy, PushTimes] = weakref.WeakKeyDictionary()
+ClientKey = tuple[str, str, str, str]  # source address, client id, software name, version
+
+
+def client_key(s: Session) -> ClientKey:
+    info = s.info
+    return (info.source_address, _text(info.client_id), _text(info.software_name),
+            _text(info.software_version))
+
+
+class MetadataVersions:
+    """The Metadata version each client last used, kept past its connections.
+
+    A client often sends Metadata on its bootstrap connection only, which it closes once
+    it knows the brokers; its broker connections still belong to a v13 client. Bounded:
+    the least recently updated client is forgotten first.
+    """
+
+    def __init__(self, max_clients: int = 10_000) -> None:
+        self.max_clients = max_clients
+        self.versions: OrderedDict[ClientKey, int] = OrderedDict()
+
+    def connection_closed(self, session: Session) -> None:
+        version = session.api_versions_used.get(api_keys.METADATA)
+        if version is not None:
+            key = client_key(session)
+            self.versions[key] = version
+            self.versions.move_to_end(key)
+            while len(self.versions) > self.max_clients:
+                self.versions.popitem(last=False)
+
+    def of(self, session: Session) -> int | None:
+        used = session.api_versions_used.get(api_keys.METADATA)
+        return used if used is not None else self.versions.get(client_key(session))
+
+
+@dataclass
+class _Memory:
+    pushes: PushTimes = field(default_factory=PushTimes)
+    metadata: MetadataVersions = field(default_factory=MetadataVersions)
+
+
+_memory: weakref.WeakKeyDictionary[Proxy, _Memory] = weakref.WeakKeyDictionary()
 
 
 def routes(proxy: Proxy) -> dict[str, Handler]:
-    """``/`` (HTML) and ``/status.json``; also starts noting telemetry push times."""
-    if proxy.telemetry is not None and proxy not in _push_times:
-        _push_times[proxy] = PushTimes()
-        proxy.telemetry.push_listeners.append(_push_times[proxy])
+    """``/`` (HTML) and ``/status.json``; from now on, also notes telemetry push times and
+    the Metadata versions of connections that close."""
+    if proxy not in _memory:
+        memory = _memory[proxy] = _Memory()
+        proxy.ctx.on_connection_closed.append(memory.metadata.connection_closed)
+        if proxy.telemetry is not None:
+            proxy.telemetry.push_listeners.append(memory.pushes)
 
     async def page(req: HttpRequest) -> HttpResponse:
         if req.method not in ("GET", "HEAD"):
@@ -78,7 +123,7 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
     """Everything the status page shows, as plain JSON-ready data."""
     ctx, cfg = proxy.ctx, proxy.config
     ready, why = proxy.ready()
-    pushes = _push_times.get(proxy)
+    memory = _memory.get(proxy) or _Memory()
     return {
         "generated_at": round(time.time(), 3),
         "proxy": {
@@ -87,7 +132,7 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
             "advertised_host": cfg.advertised_host,
         },
         "backend": _backend(proxy),
-        "clients": _clients(list(ctx.sessions), pushes.at if pushes else {}),
+        "clients": _clients(list(ctx.sessions), memory),
         "telemetry": _telemetry(proxy),
         "limits": _limits(proxy),
     }
@@ -133,9 +178,8 @@ class _Tally:
     sources: dict[str, int] = field(default_factory=dict)
     clients: dict[tuple[str, str], _Tally] = field(default_factory=dict)
 
-    def add(self, s: Session, pushed: float | None, now: float) -> None:
+    def add(self, s: Session, metadata: int | None, pushed: float | None, now: float) -> None:
         self.connections += 1
-        metadata = s.api_versions_used.get(api_keys.METADATA)
         if metadata is not None:
             if metadata >= BRIDGED_VERSION:
                 self.v13 += 1
@@ -169,22 +213,24 @@ def _top(counts: dict[str, int], n: int) -> tuple[list[str], int]:
     return ranked[:n], max(0, len(ranked) - n)
 
 
-def _clients(sessions: Iterable[Session], pushes: Any) -> dict[str, Any]:
+def _clients(sessions: Iterable[Session], memory: _Memory) -> dict[str, Any]:
     now = time.monotonic()
     groups: dict[tuple[str, str], _Tally] = {}
     total = 0
     for s in sessions:
         total += 1
         info = s.info
-        key = (_text(info.software_name) or "unknown", _text(info.software_version))
+        # No name: the client's ApiVersions request was below v3 (or not sent yet).
+        key = (_text(info.software_name), _text(info.software_version))
         group = groups.setdefault(key, _Tally())
-        pushed = pushes.get(s)
-        group.add(s, pushed, now)
+        pushed = memory.pushes.at.get(s)
+        metadata = memory.metadata.of(s)
+        group.add(s, metadata, pushed, now)
         cid, src = _text(info.client_id), info.source_address
         group.client_ids[cid] = group.client_ids.get(cid, 0) + 1
         group.sources[src] = group.sources.get(src, 0) + 1
-        group.clients.setdefault((cid, src), _Tally()).add(s, pushed, now)
-    ranked = sorted(groups, key=lambda k: (-groups[k].connections, k))
+        group.clients.setdefault((cid, src), _Tally()).add(s, metadata, pushed, now)
+    ranked = sorted(groups, key=lambda k: (-groups[k].connections, not k[0], k))
     listed = []
     for name, version in ranked[:MAX_GROUPS]:
         g = groups[(name, version)]

@@ -53,9 +53,11 @@ def _ago(at: float | None, now: float) -> str:
 
 
 def _v13(value: str) -> str:
-    label = {"yes": "yes \u2013 can rebootstrap", "no": "no \u2013 cannot rebootstrap",
-             "mixed": "mixed", "unknown": "unknown (no Metadata yet)"}.get(value, value)
-    return f'<span class="{e(value)}">v13: {e(label)}</span>'
+    label = {"yes": "v13 \u2013 can be told to rebootstrap",
+             "no": "below v13 \u2013 cannot be told to rebootstrap",
+             "mixed": "v13 on some connections only",
+             "unknown": "version not seen yet"}.get(value, value)
+    return f'<span class="{e(value)}">Metadata {e(label)}</span>'
 
 
 def _table(head: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") -> str:
@@ -110,7 +112,8 @@ def _ms(value: float | None) -> str:
 
 
 def _group(g: dict[str, Any], now: float) -> str:
-    title = f"{e(g['software_name'])} {e(g['software_version'])}".strip()
+    title = (f"{e(g['software_name'])} {e(g['software_version'])}".strip()
+             if g["software_name"] else "software not named (ApiVersions request below v3)")
     more = g["clients_more"]
     return (
         f'<div class="group"><h3>{title} &middot; {e(g["connections"])} connection(s) '
@@ -141,7 +144,7 @@ def _limits(limits: list[dict[str, Any]]) -> str:
             _td(e(lim["in_use"]), True), _td(e(lim["hits"]), True),
             _td('<span class="no">at limit</span>' if lim["hit_now"] else "")]) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("limit", "value", "in use now", "hits so far",
-                                             ""))
+                                             "now"))
     return f"<h2>Limits</h2><table><tr>{head}</tr>{''.join(rows)}</table>"
 
 

@@ -94,7 +94,8 @@ def test_page_shows_backend_clients_limits_and_export() -> None:
     text = " ".join(" ".join(page.text).split())
     for expected in ("kproxy on kp-1", "cluster id c-1", "topology epoch 3",
                      "last change: 60 s ago: operator", "127.0.0.1:19092", "127.0.0.1:9093",
-                     "v13: yes \u2013 can rebootstrap", "v13: no \u2013 cannot rebootstrap",
+                     "Metadata v13 \u2013 can be told to rebootstrap",
+                     "Metadata below v13 \u2013 cannot be told to rebootstrap",
                      "and 7 more", "and 2 more client(s)", "and 4 more group(s)",
                      "last push 5 s ago", "5.0 MiB", "2.0 KiB", "1.25 ms", "at limit",
                      "exported 5", "dropped_queue_full 1", "http://c:4318/v1/metrics",
