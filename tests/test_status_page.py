@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import time
+import urllib.request
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from kproxy.codecs import api_keys
-from kproxy.embedded_broker import TansuBroker
+from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
 from kproxy.server import Proxy
 from kproxy.status import MAX_GROUPS, MAX_TEXT, snapshot
 from kproxy.status_page import render
 
-from .support import RawClient, http_get, make_config
+from .support import RawClient, http_get, make_config, stop_process
 
 EVIL = '<script>alert("x")</script>&'
 
@@ -167,3 +173,36 @@ async def test_live_snapshot_is_bounded_and_says_what_clients_said(
     assert served["clients"]["connections"] == groups + 1
     assert served["backend"]["cluster_id"] == snap["backend"]["cluster_id"]
     assert re.search(rb"sw-01</h3>|sw-01 1\.0", page)
+
+
+@pytest.mark.broker
+def test_make_run_prints_the_status_page_url(tmp_path: Path) -> None:
+    """`kproxy demo` (what `make run` starts) says where the page is, and it is there."""
+    broker, listen, http = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kproxy.cli", "demo", "--broker-port", str(broker),
+         "--listen", f"127.0.0.1:{listen}", "--broker-port-base", str(free_port()),
+         "--node-id-range", "111-111", "--http", f"127.0.0.1:{http}",
+         "--archive", str(tmp_path / "archive")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "kproxy demo exited early"
+            m = re.search(r"status page\s+: (http://\S+)", line)
+            url = m.group(1) if m else None
+        assert url == f"http://127.0.0.1:{http}/"
+        assert wait_for_port("127.0.0.1", http, 60)
+        page = b""
+        for _ in range(100):  # the page answers once the backend is discovered
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                page = resp.read()
+            if b"111" in page:
+                break
+            time.sleep(0.3)
+        assert b"kproxy on" in page and b"111" in page
+    finally:
+        stop_process(proc)  # type: ignore[arg-type]
