@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kproxy.otlp")
 MAX_ATTRIBUTE_CHARS = 1024  # client-supplied strings (client id, software) are cut here
 GZIP_LEVEL = 5
+FLUSH_AT_EXIT_SECONDS = 2.0  # at shutdown, how long queued pushes may still take
 
 
 @dataclass(frozen=True)
@@ -154,37 +155,56 @@ class OtlpExporter:
                 await self._export(batch)
         finally:
             with trio.CancelScope(shield=True):
+                await self._flush_at_exit()
                 await self.client.aclose()
 
-    async def _export(self, batch: Batch) -> None:
-        self.in_flight = batch
-        try:
-            body, bad = await trio.to_thread.run_sync(self._encode, batch)
-            if bad:
-                self.outcomes.labels(otlp_batch.REJECTED).inc(bad)
-            while True:
-                status, retry_after, answer_body = None, None, b""
+    async def _flush_at_exit(self) -> None:
+        """One last bounded try for what is queued; whatever is left is counted dropped."""
+        left = self.queue.take(trio.current_time(), force=True)
+        if left is not None and self.in_flight is None:
+            with trio.move_on_after(min(self.settings.timeout, FLUSH_AT_EXIT_SECONDS)):
                 try:
+                    body, bad = await trio.to_thread.run_sync(self._encode, left)
                     answer = await self.client.post(body, self.headers, self.settings.timeout)
-                    status, answer_body = answer.status, answer.body
-                    retry_after = answer.headers.get("retry-after")
-                    self.attempts.labels(_status_class(status)).inc()
-                except HttpError as exc:
-                    self.attempts.labels("no_answer").inc()
-                    detail = str(exc)
+                except HttpError:
+                    pass
                 else:
-                    detail = f"HTTP {status}"
-                decision = self.retry.after_attempt(batch, status, retry_after,
-                                                    trio.current_time(), time.time())
-                if decision.outcome is not None:
-                    self._finish(batch, decision.outcome, detail, answer_body, bad)
-                    return
-                self.ratelog(logging.INFO, "otlp-retry", "OTLP export failed; retrying",
-                             endpoint=self._where(), error=detail, attempt=batch.attempts)
-                assert decision.retry_at is not None
-                await trio.sleep_until(decision.retry_at)
-        finally:
-            self.in_flight = None
+                    if 200 <= answer.status <= 299:
+                        self.outcomes.labels(otlp_batch.EXPORTED).inc(len(left.pushes) - bad)
+                        left = None
+        dropped = len(self.queue) + (len(left.pushes) if left is not None else 0) + (
+            len(self.in_flight.pushes) if self.in_flight is not None else 0)
+        if dropped:
+            self.outcomes.labels(otlp_batch.FAILED).inc(dropped)
+
+    async def _export(self, batch: Batch) -> None:
+        # Left set if cancelled (shutdown), so that its pushes are counted as dropped.
+        self.in_flight = batch
+        body, bad = await trio.to_thread.run_sync(self._encode, batch)
+        if bad:
+            self.outcomes.labels(otlp_batch.REJECTED).inc(bad)
+        while True:
+            status, retry_after, answer_body = None, None, b""
+            try:
+                answer = await self.client.post(body, self.headers, self.settings.timeout)
+                status, answer_body = answer.status, answer.body
+                retry_after = answer.headers.get("retry-after")
+                self.attempts.labels(_status_class(status)).inc()
+            except HttpError as exc:
+                self.attempts.labels("no_answer").inc()
+                detail = str(exc)
+            else:
+                detail = f"HTTP {status}"
+            decision = self.retry.after_attempt(batch, status, retry_after,
+                                                trio.current_time(), time.time())
+            if decision.outcome is not None:
+                self.in_flight = None
+                self._finish(batch, decision.outcome, detail, answer_body, bad)
+                return
+            self.ratelog(logging.INFO, "otlp-retry", "OTLP export failed; retrying",
+                         endpoint=self._where(), error=detail, attempt=batch.attempts)
+            assert decision.retry_at is not None
+            await trio.sleep_until(decision.retry_at)
 
     def _encode(self, batch: Batch) -> tuple[bytes, int]:
         """Runs in a worker thread: parsing, enriching and gzip stay off the relay's loop."""
