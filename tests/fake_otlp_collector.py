@@ -10,6 +10,7 @@ Retry-After), or ``hang`` (read the request, never answer).
 from __future__ import annotations
 
 import gzip
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,9 +39,12 @@ class FakeCollector:
     lock: threading.Lock = field(default_factory=threading.Lock)
     release: threading.Event = field(default_factory=threading.Event)  # ends every hang
 
+    scheme: str = "http"
+    peer_certs: list[dict[str, object]] = field(default_factory=list)  # with TLS: who posted
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/metrics"
+        return f"{self.scheme}://127.0.0.1:{self.port}/v1/metrics"
 
     def next_answer(self) -> int | str:
         with self.lock:
@@ -70,6 +74,8 @@ def _handler(fake: FakeCollector) -> type[BaseHTTPRequestHandler]:
             request = metrics_service_pb2.ExportMetricsServiceRequest()
             request.ParseFromString(raw)
             answer = fake.next_answer()
+            if isinstance(self.connection, ssl.SSLSocket):
+                fake.peer_certs.append(self.connection.getpeercert() or {})
             fake.record(Received(self.path, {k.lower(): v for k, v in self.headers.items()},
                                  body, request, answer))
             if answer == "hang":
@@ -91,10 +97,15 @@ def _handler(fake: FakeCollector) -> type[BaseHTTPRequestHandler]:
 
 @contextmanager
 def fake_collector(script: list[int | str] | None = None, default: int | str = 200,
-                   retry_after: str | None = None) -> Iterator[FakeCollector]:
+                   retry_after: str | None = None,
+                   tls: ssl.SSLContext | None = None) -> Iterator[FakeCollector]:
+    """``tls``: a server context, for an https:// receiver (it may require a client cert)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     fake = FakeCollector(server.server_address[1], list(script or []), default, retry_after)
+    fake.scheme = "https" if tls is not None else "http"
     server.RequestHandlerClass = _handler(fake)
     thread = threading.Thread(target=server.serve_forever, name="fake-otlp", daemon=True)
     thread.start()

@@ -265,3 +265,50 @@ def test_absent_collector_counts_failures(backend: TansuBroker, tmp_path: Path) 
             traffic.close()
         assert "OTLP export gave up" in kp.log()
     assert traffic.latencies and not traffic.errors
+
+
+def test_https_collector_with_client_certificate(backend: TansuBroker, tmp_path: Path) -> None:
+    """TLS to the collector: its certificate verified against tls_ca, ours presented."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca.configure_trust(server)
+    server.verify_mode = ssl.CERT_REQUIRED  # mTLS: the proxy must present a certificate
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    client = ca.issue_cert("kproxy.test")
+    client.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    client.private_key_pem.write_to_path(str(tmp_path / "client.key"))
+    with fake_collector(tls=server) as fake, kproxy_process(
+            backend.bootstrap, tmp_path, "--config", str(config(
+                tmp_path, fake.url, otlp=f'tls_ca = "{tmp_path / "ca.pem"}"\n'
+                f'tls_cert = "{tmp_path / "client.pem"}"\n'
+                f'tls_key = "{tmp_path / "client.key"}"'))) as kp:
+        traffic = Traffic(kp.bootstrap, "otlp-tls")
+        try:
+            assert wait_for(lambda: value(kp, "kproxy_telemetry_export_total",
+                                          outcome="exported") >= 1, 60,
+                            lambda: traffic.run(0.5)), kp.log()
+        finally:
+            traffic.close()
+    assert fake.url.startswith("https://") and exported(fake)
+    names = {tuple(name) for cert in fake.peer_certs
+             for name in cert.get("subjectAltName", ())}  # type: ignore[attr-defined]
+    assert ("DNS", "kproxy.test") in names  # the proxy's client certificate
+
+
+def test_unreadable_collector_ca_stops_start_up(backend: TansuBroker, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = config(tmp_path, "https://127.0.0.1:1/v1/metrics",
+                 otlp=f'tls_ca = "{tmp_path / "missing.pem"}"')
+    proc = subprocess.run([sys.executable, "-m", "kproxy.cli", "run", "--upstream",
+                           backend.bootstrap, "--config", str(cfg), "--listen",
+                           f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "telemetry.otlp.tls_ca: cannot load" in proc.stderr
