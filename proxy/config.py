@@ -191,7 +191,8 @@ OPTIONS: tuple[Option, ...] = (
            "backend node ids this proxy maps to ports; nodes outside are left out of "
            "responses and counted", "FIRST-LAST"),
     Option("http", parse_host_port, "127.0.0.1:9080",
-           "HTTP endpoint for /healthz, /readyz and /metrics", "HOST:PORT"),
+           "HTTP endpoint for the status page (/), /status.json, /healthz, /readyz and "
+           "/metrics", "HOST:PORT"),
     Option("reuse_port", parse_bool, False,
            "open the bootstrap and broker listeners with SO_REUSEPORT, so several kproxy "
            "processes on one host share the ports and the kernel spreads connections "

@@ -240,6 +240,8 @@ def test_hanging_collector_drops_pushes_and_never_slows_the_relay(
         finally:
             traffic.close()
     assert not traffic.errors
+    print(f"producer p99 through kproxy: collector answering {healthy * 1000:.1f} ms "
+          f"({healthy_n} messages), collector hanging {hung * 1000:.1f} ms ({hung_n})")
     assert healthy_n > 50 and hung_n > 50
     # A push answer that waited for the collector would hold its connection (the one the
     # producer uses) for up to the 60 s timeout: the producer's p99 would be seconds.
