@@ -67,12 +67,10 @@ class LatencySketch:
 
 
 def merge(counts: Iterable[list[int] | None]) -> list[int] | None:
-    total: list[int] | None = None
-    for c in counts:
-        if c is None:
-            continue
-        total = list(c) if total is None else list(map(operator.add, total, c))
-    return total
+    present = [c for c in counts if c is not None]
+    if not present:
+        return None
+    return [sum(column) for column in zip(*present, strict=True)]
 
 
 def quantile(counts: list[int] | None, q: float) -> float | None:

@@ -38,7 +38,7 @@ MAX_CLIENTS = 10  # clients (client id, source address) listed per group
 MAX_VALUES = 10  # client ids / source addresses listed per group
 MAX_TEXT = 120  # characters kept of any string a client sent
 P99 = 0.99
-TELEMETRY_APIS = (api_keys.GET_TELEMETRY_SUBSCRIPTIONS, api_keys.PUSH_TELEMETRY)
+SNAPSHOT_TTL = 1.0  # seconds a snapshot is served again before a new one is taken
 
 
 class PushTimes:
@@ -104,16 +104,25 @@ def routes(proxy: Proxy) -> dict[str, Handler]:
         if proxy.telemetry is not None:
             proxy.telemetry.push_listeners.append(memory.pushes)
 
+    cache: list[tuple[float, dict[str, Any]]] = []
+
+    def recent() -> dict[str, Any]:
+        # A snapshot walks every session: at most one a second, however often it is asked.
+        now = time.monotonic()
+        if not cache or now - cache[0][0] >= SNAPSHOT_TTL:
+            cache[:] = [(now, snapshot(proxy))]
+        return cache[0][1]
+
     async def page(req: HttpRequest) -> HttpResponse:
         if req.method not in ("GET", "HEAD"):
             return HttpResponse(405, b"use GET\n", headers=[("allow", "GET, HEAD")])
-        return HttpResponse(200, render(snapshot(proxy)).encode(),
+        return HttpResponse(200, render(recent()).encode(),
                             "text/html; charset=utf-8", [("cache-control", "no-store")])
 
     async def as_json(req: HttpRequest) -> HttpResponse:
         if req.method not in ("GET", "HEAD"):
             return HttpResponse(405, b"use GET\n", headers=[("allow", "GET, HEAD")])
-        body = json.dumps(snapshot(proxy), indent=1, sort_keys=True).encode() + b"\n"
+        body = json.dumps(recent(), indent=1, sort_keys=True).encode() + b"\n"
         return HttpResponse(200, body, "application/json", [("cache-control", "no-store")])
 
     return {"/": page, "/status.json": as_json}
@@ -178,20 +187,22 @@ class _Tally:
     sources: dict[str, int] = field(default_factory=dict)
     clients: dict[tuple[str, str], _Tally] = field(default_factory=dict)
 
-    def add(self, s: Session, metadata: int | None, pushed: float | None, now: float) -> None:
+    def add(self, s: Session, metadata: int | None, pushed: float | None,
+            latency: list[int] | None) -> None:
         self.connections += 1
         if metadata is not None:
             if metadata >= BRIDGED_VERSION:
                 self.v13 += 1
             else:
                 self.below_v13 += 1
-        if any(k in s.api_versions_used for k in TELEMETRY_APIS):
+        used = s.api_versions_used
+        if api_keys.PUSH_TELEMETRY in used or api_keys.GET_TELEMETRY_SUBSCRIPTIONS in used:
             self.telemetry += 1
         if pushed is not None and (self.last_push is None or pushed > self.last_push):
             self.last_push = pushed
         self.bytes_in += s.bytes_in
         self.bytes_out += s.bytes_out
-        self.latency.append(s.latency.counts(now))
+        self.latency.append(latency)
 
     def summary(self) -> dict[str, Any]:
         p99 = quantile(merge(self.latency), P99)
@@ -225,11 +236,12 @@ def _clients(sessions: Iterable[Session], memory: _Memory) -> dict[str, Any]:
         group = groups.setdefault(key, _Tally())
         pushed = memory.pushes.at.get(s)
         metadata = memory.metadata.of(s)
-        group.add(s, metadata, pushed, now)
+        latency = s.latency.counts(now)
+        group.add(s, metadata, pushed, latency)
         cid, src = _text(info.client_id), info.source_address
         group.client_ids[cid] = group.client_ids.get(cid, 0) + 1
         group.sources[src] = group.sources.get(src, 0) + 1
-        group.clients.setdefault((cid, src), _Tally()).add(s, metadata, pushed, now)
+        group.clients.setdefault((cid, src), _Tally()).add(s, metadata, pushed, latency)
     ranked = sorted(groups, key=lambda k: (-groups[k].connections, not k[0], k))
     listed = []
     for name, version in ranked[:MAX_GROUPS]:
