@@ -79,9 +79,20 @@ class HttpClient:
             raise HttpError(_describe(exc)) from None
 
     async def _post(self, body: bytes, headers: list[tuple[str, str]]) -> HttpAnswer:
-        if self._conn is None or self._conn.our_state is not h11.IDLE:
+        reused = self._conn is not None and self._conn.our_state is h11.IDLE
+        if reused:
+            try:
+                return await self._exchange(body, headers)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                # The server may close an idle kept-alive connection just as it is reused:
+                # one more try on a new connection (a POST it never answered).
+                await self.aclose()
+        else:
             await self.aclose()
-            await self._connect()
+        await self._connect()
+        return await self._exchange(body, headers)
+
+    async def _exchange(self, body: bytes, headers: list[tuple[str, str]]) -> HttpAnswer:
         assert self._conn is not None and self._stream is not None
         conn, stream = self._conn, self._stream
         all_headers = [("host", self.endpoint.host_header), ("content-length", str(len(body))),
@@ -119,7 +130,11 @@ class HttpClient:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                conn.receive_data(bytes(await stream.receive_some(RECV_BYTES)))
+                data = bytes(await stream.receive_some(RECV_BYTES))
+                if not data and response is None:
+                    raise trio.BrokenResourceError("the server closed the connection "
+                                                   "without answering")
+                conn.receive_data(data)  # b"" after a response: its body ends at close
             elif isinstance(event, h11.Response):
                 response = event
             elif isinstance(event, h11.Data):
