@@ -131,7 +131,7 @@ def test_empty_and_off_states() -> None:
 
 async def test_live_snapshot_is_bounded_and_says_what_clients_said(
         shared_tansu: TansuBroker) -> None:
-    cfg = make_config(shared_tansu.bootstrap)
+    cfg = make_config(shared_tansu.bootstrap, admin="on")
     proxy = Proxy(cfg)
     groups = MAX_GROUPS + 5
     async with trio.open_nursery() as nursery:
@@ -152,6 +152,9 @@ async def test_live_snapshot_is_bounded_and_says_what_clients_said(
             clients.append(c)
             await c.request(api_keys.API_VERSIONS, 3, 1, {
                 "client_software_name": "sw-01", "client_software_version": "1.0"})
+            status, _, _ = await http_get(proxy.http_port, "/", raw=(
+                b"POST /admin/rebootstrap HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\n\r\n"))
+            assert status == 200
             snap = snapshot(proxy)
             status, headers, body = await http_get(proxy.http_port, "/status.json")
             assert status == 200 and headers["content-type"] == "application/json"
@@ -170,6 +173,8 @@ async def test_live_snapshot_is_bounded_and_says_what_clients_said(
     assert c["groups"][0]["metadata_v13"] == "unknown"  # no Metadata request was sent
     assert c["groups"][0]["client_ids"] == ["kproxy-test"]
     assert snap["backend"]["brokers"][0]["node_id"] == 111
+    change = snap["backend"]["last_change"]
+    assert change["reason"] == "operator" and snap["backend"]["topology_epoch"] == 1
     assert served["clients"]["connections"] == groups + 1
     assert served["backend"]["cluster_id"] == snap["backend"]["cluster_id"]
     assert re.search(rb"sw-01</h3>|sw-01 1\.0", page)
