@@ -37,10 +37,10 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
 
 
 def config(tmp_path: Path, endpoint: str, interval_ms: int = 500, extra: str = "",
-           otlp: str = "") -> Path:
+           otlp: str = "", batch_age: float = 0.2) -> Path:
     path = tmp_path / "kproxy.toml"
     path.write_text(f"[telemetry]\n{extra}\n[telemetry.otlp]\nendpoint = \"{endpoint}\"\n"
-                    f"max_batch_age = 0.2\n{otlp}\n"
+                    f"max_batch_age = {batch_age}\n{otlp}\n"
                     f"[[telemetry.subscriptions]]\nname = \"all\"\nmetrics = [\"*\"]\n"
                     f"interval_ms = {interval_ms}\n")
     return path
@@ -116,7 +116,7 @@ def test_export_matches_what_librdkafka_pushed(backend: TansuBroker, tmp_path: P
     archive = tmp_path / "archive"
     with fake_collector() as fake, kproxy_process(
             backend.bootstrap, tmp_path, "--config",
-            str(config(tmp_path, fake.url, extra="delta_temporality = true",
+            str(config(tmp_path, fake.url, extra="delta_temporality = true", batch_age=2.5,
                        otlp='compression = "none"\n[telemetry.otlp.headers]\n'
                        'authorization = "Bearer t0ken"')),
             "--archive", str(archive)) as kp:
@@ -141,6 +141,8 @@ def test_export_matches_what_librdkafka_pushed(backend: TansuBroker, tmp_path: P
     assert first.path == "/v1/metrics" and first.answered == 200
     assert first.headers["content-type"] == "application/x-protobuf"
     assert first.headers["authorization"] == "Bearer t0ken"
+    # Pushes every 0.5 s wait up to 2.5 s for company: requests carry several.
+    assert max(len(r.request.resource_metrics) for r in received) >= 2
     assert "content-encoding" not in first.headers
 
     # What the client pushed, as the proxy's archive recorded it (completed on shutdown).
