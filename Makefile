@@ -29,13 +29,18 @@ LOADED_RUNS ?= 3
 test-loaded: $(DEV) test-tools bench-tools
 	$(BIN)/python tests/loaded/run_loaded.py --runs $(LOADED_RUNS)
 
-# System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy.
+# System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
+# headless Chromium (Debian package) loads the status page.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-tools:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing prometheus (Debian package) for the scrape test"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package) for the status page test"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
 # mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
 # symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.

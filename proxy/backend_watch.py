@@ -41,6 +41,7 @@ class BackendWatch:
             lambda: [])
         self.on_view_change: list[Callable[[], Awaitable[None]]] = []
         self.last_discovery: float | None = None
+        self.last_change: tuple[float, str, str] | None = None  # when, reason, what
 
     async def observed(self, handled: Handled, conn: ConnectionState) -> None:
         """A session's response handler saw the backend (and maybe told a client)."""
@@ -73,6 +74,7 @@ class BackendWatch:
             "cluster_id" if change.cluster_id else "brokers")
         log.info("backend changed: %s", change.describe(),
                  extra={"fields": {"epoch": change.epoch, "reason": reason}})
+        self.last_change = (time.time(), reason, change.describe())
         self.metrics.topology_changes.labels(reason).inc()
         self.metrics.topology_epoch.set(change.epoch)
         for conn, stop_reading in self.sessions_of():

@@ -22,6 +22,7 @@ from kproxy.options import (
     LIMIT_OPTIONS,
     OPTIONS,
     OPTIONS_BY_NAME,
+    OTLP_OPTIONS,
     RESTART_ONLY,
     SECURITY_OPTIONS,
     ConfigError,
@@ -48,6 +49,7 @@ class TelemetryConfig:
     settings: TelemetrySettings
     metric_prefix: str
     max_series: int
+    prometheus: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,17 @@ class Config:
     upstream_tls_cert: str | None = None
     upstream_tls_key: str | None = None
     require_sasl: bool = False
+    telemetry_otlp_endpoint: str | None = None
+    telemetry_otlp_headers: tuple[tuple[str, str], ...] | None = None
+    telemetry_otlp_timeout: float = 10.0
+    telemetry_otlp_compression: str = "gzip"
+    telemetry_otlp_tls_ca: str | None = None
+    telemetry_otlp_tls_cert: str | None = None
+    telemetry_otlp_tls_key: str | None = None
+    telemetry_otlp_max_batch_bytes: int = 1024 * 1024
+    telemetry_otlp_max_batch_age: float = 2.0
+    telemetry_otlp_max_queue_bytes: int = 16 * 1024 * 1024
+    telemetry_otlp_max_retry_time: float = 60.0
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
@@ -179,16 +192,25 @@ def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     for key, value in data.items():
         if isinstance(value, dict):
             tables[key] = value
-            for sub, subvalue in value.items():
-                if (key, sub) in known:
-                    values[(key, sub)] = subvalue
-                elif (key, sub) not in KNOWN_TABLE_ENTRIES:
-                    raise ConfigError(f"{path}: {key}.{sub}: unknown key")
+            _read_table(path, (key,), value, known, values)
         elif (key,) in known:
             values[(key,)] = value
         else:
             raise ConfigError(f"{path}: {key}: unknown key")
     return values, tables
+
+
+def _read_table(path: str, at: tuple[str, ...], table: dict[str, Any],
+                known: set[tuple[str, ...]], values: dict[tuple[str, ...], Any]) -> None:
+    """Option values of a table, and of the tables inside it (e.g. [telemetry.otlp])."""
+    for sub, subvalue in table.items():
+        key = (*at, sub)
+        if key in known:
+            values[key] = subvalue
+        elif isinstance(subvalue, dict) and any(k[:len(key)] == key for k in known):
+            _read_table(path, key, subvalue, known, values)
+        elif key not in KNOWN_TABLE_ENTRIES:
+            raise ConfigError(f"{path}: {'.'.join(key)}: unknown key")
 
 
 def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
@@ -211,7 +233,7 @@ def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
         compression_types=v["telemetry_compression_types"],
         max_instances=v["telemetry_max_instances"])
     return TelemetryConfig(v["telemetry"], settings, v["telemetry_metric_prefix"],
-                           v["telemetry_max_series"])
+                           v["telemetry_max_series"], v["telemetry_prometheus"])
 
 
 def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Config:
@@ -237,7 +259,7 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         archive_queue_records=v["archive_queue_records"], legacy_clients=v["legacy_clients"],
         admin=v["admin"], drain_timeout=v["drain_timeout"],
         telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
-        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS},
+        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS + OTLP_OPTIONS},
     )
     _check_security(cfg)
     try:
@@ -255,7 +277,8 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
 
 def _check_security(cfg: Config) -> None:
     """Options that only make sense together; the files themselves are read at start."""
-    pairs = (("tls_cert", "tls_key"), ("upstream_tls_cert", "upstream_tls_key"))
+    pairs = (("tls_cert", "tls_key"), ("upstream_tls_cert", "upstream_tls_key"),
+             ("telemetry_otlp_tls_cert", "telemetry_otlp_tls_key"))
     for cert, key in pairs:
         if bool(getattr(cfg, cert)) != bool(getattr(cfg, key)):
             raise ConfigError(f"{cert} and {key}: set both or neither")

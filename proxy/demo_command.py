@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
   embedded tansu broker : {broker.bootstrap} (in-memory; node id 111)
   kproxy bootstrap      : {host}:{port}   <- give clients bootstrap.servers={host}:{port}
   broker 111 via proxy  : {broker_host}:{broker_port}
+  status page           : http://{http_host}:{http_port}/   (who is connected, with what)
   health and metrics    : http://{http_host}:{http_port}/healthz  /readyz  /metrics
   client telemetry      : clients with KIP-714 telemetry (librdkafka's default) show up on
                           /metrics as org_apache_kafka_* within ~5 s of producing

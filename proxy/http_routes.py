@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from kproxy import status
 from kproxy.http_server import Handler, HttpRequest, HttpResponse
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def routes(proxy: Proxy) -> dict[str, Handler]:
                             f"told to bootstrap again\n".encode())
 
     return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
-            "/admin/rebootstrap": rebootstrap}
+            "/admin/rebootstrap": rebootstrap, **status.routes(proxy)}
 
 
 def metrics_response(registry: CollectorRegistry, headers: dict[str, str]) -> HttpResponse:

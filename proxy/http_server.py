@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 server on h11 for /healthz, /readyz and /metrics."""
+"""A small HTTP/1.1 server on h11 for the status page, /healthz, /readyz and /metrics."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ turns the merged values into a ``Config``.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,32 @@ def parse_compression_list(text: str | list[str]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def parse_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(str(text).strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    parts.port  # noqa: B018 -- raises ValueError on a bad port
+    return str(text).strip()
+
+
+def parse_headers(text: str | dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """NAME=VALUE,... (values URL-decoded, as OTEL_EXPORTER_OTLP_HEADERS) or a TOML table."""
+    if isinstance(text, dict):
+        pairs = [(str(k), str(v)) for k, v in text.items()]
+    else:
+        pairs = []
+        for item in (i for i in str(text).split(",") if i.strip()):
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"expected NAME=VALUE, got {item.strip()!r}")
+            pairs.append((name.strip(), urllib.parse.unquote(value.strip())))
+    for name, value in pairs:
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name) or re.search(r"[\r\n\0]",
+                                                                                 value):
+            raise ValueError(f"not a valid HTTP header: {name!r}")
+    return tuple(pairs)
+
+
 def parse_prefix(text: str) -> str:
     if not re.fullmatch(r"[a-zA-Z_:]?[a-zA-Z0-9_:]*", str(text)):
         raise ValueError(f"not a valid Prometheus name prefix: {text!r}")
@@ -161,7 +188,8 @@ OPTIONS: tuple[Option, ...] = (
            "backend node ids this proxy maps to ports; nodes outside are left out of "
            "responses and counted", "FIRST-LAST", restart=True),
     Option("http", parse_host_port, "127.0.0.1:9080",
-           "HTTP endpoint for /healthz, /readyz and /metrics", "HOST:PORT", restart=True),
+           "HTTP endpoint for the status page (/), /status.json, /healthz, /readyz and "
+           "/metrics", "HOST:PORT", restart=True),
     Option("reuse_port", parse_bool, False,
            "open the bootstrap and broker listeners with SO_REUSEPORT, so several kproxy "
            "processes on one host share the ports and the kernel spreads connections "
@@ -305,8 +333,47 @@ TELEMETRY_OPTIONS: tuple[Option, ...] = (
                "cap on exported client series; the excess is dropped and counted", "N"),
     _telemetry("telemetry_max_instances", parse_positive_int, 100_000,
                "client instances remembered before the least recently seen is forgotten", "N"),
+    _telemetry("telemetry_prometheus", parse_bool, True,
+               "export the clients' metrics on /metrics; off leaves them to OTLP", "on|off"),
 )
-OPTIONS = OPTIONS + TELEMETRY_OPTIONS
+
+
+def _otlp(name: str, parse: Callable[[Any], Any], default: Any, help_: str,
+          metavar: str = "") -> Option:
+    key = name.removeprefix("telemetry_otlp_")
+    # The exporter is built at start: a reload logs a change and keeps the running one.
+    return Option(name, parse, default, help_, metavar, ("telemetry", "otlp", key), True)
+
+
+# OTLP/HTTP export of accepted pushes ([telemetry.otlp] in the file); off without endpoint.
+OTLP_OPTIONS: tuple[Option, ...] = (
+    _otlp("telemetry_otlp_endpoint", parse_url, None,
+          "forward every accepted push to this OTLP/HTTP metrics endpoint, e.g. "
+          "http://otel-collector:4318/v1/metrics (off when unset)", "URL"),
+    _otlp("telemetry_otlp_headers", parse_headers, None,
+          "extra request headers, NAME=VALUE,... (in the file: a table)", "LIST"),
+    _otlp("telemetry_otlp_timeout", parse_seconds, 10.0,
+          "longest one export request may take before it counts as failed", "SECONDS"),
+    _otlp("telemetry_otlp_compression", parse_choice("gzip", "none"), "gzip",
+          "request body compression", "gzip|none"),
+    _otlp("telemetry_otlp_tls_ca", str, None,
+          "PEM bundle that verifies an https endpoint (default: the system's)", "FILE"),
+    _otlp("telemetry_otlp_tls_cert", str, None,
+          "PEM client certificate for an https endpoint that requires mTLS", "FILE"),
+    _otlp("telemetry_otlp_tls_key", str, None, "PEM private key of --telemetry-otlp-tls-cert",
+          "FILE"),
+    _otlp("telemetry_otlp_max_batch_bytes", parse_positive_int, 1024 * 1024,
+          "pushes are sent together up to this many payload bytes per request", "BYTES"),
+    _otlp("telemetry_otlp_max_batch_age", parse_seconds, 2.0,
+          "longest a push waits for others to share its request", "SECONDS"),
+    _otlp("telemetry_otlp_max_queue_bytes", parse_positive_int, 16 * 1024 * 1024,
+          "pushes waiting for the collector; beyond this they are dropped and counted "
+          "(a slow or absent collector never slows the relay)", "BYTES"),
+    _otlp("telemetry_otlp_max_retry_time", parse_seconds, 60.0,
+          "how long a request is retried (429, 5xx, no answer) before its pushes are "
+          "dropped", "SECONDS"),
+)
+OPTIONS = OPTIONS + TELEMETRY_OPTIONS + OTLP_OPTIONS
 OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
 # What a reload cannot change on a running proxy (listeners, ports, what is served).
 RESTART_ONLY = tuple(o.name for o in OPTIONS if o.restart)

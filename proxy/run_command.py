@@ -29,14 +29,15 @@ def run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     logs.setup(cfg.log_format, cfg.log_level)
-    count = workers.worker_count(cfg)
-    if count > 1:
-        return workers.supervise(cfg, run_arguments(), count)
-    try:
+    try:  # built before any worker starts: a bad certificate or URL stops start-up here
         proxy = Proxy(cfg, reload_config=lambda: config_mod.load(args))
     except config_mod.ConfigError as exc:  # e.g. a certificate that cannot be read
         print(f"kproxy run: error: {exc}", file=sys.stderr)
         return 2
+    count = workers.worker_count(cfg)
+    if count > 1:
+        del proxy
+        return workers.supervise(cfg, run_arguments(), count)
     settle_heap()
     try:
         trio.run(proxy.run)

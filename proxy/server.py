@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 from prometheus_client import Gauge
 
-from kproxy import lifecycle
+from kproxy import lifecycle, otlp_export
 from kproxy.admission import Admission
 from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
 from kproxy.backend_watch import BackendWatch
@@ -72,7 +72,7 @@ class Proxy:
             local[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
         local.update(local_handlers or {})  # tests stand in their own answers
         self.rotation = BootstrapRotation(config.upstream, upstream_context(config))
-        events = SessionEvents(metrics, self.ratelog, self.archive)
+        self.events = events = SessionEvents(metrics, self.ratelog, self.archive)
         self.backend = BackendWatch(self.state, metrics, self.ratelog, self.rotation,
                                     config.node_id_range)
         self.budget = MemoryBudget(config.max_buffered_bytes)
@@ -91,6 +91,7 @@ class Proxy:
               "recently and the proxy is not draining", registry=metrics.registry,
               ).set_function(lambda: 1.0 if self.ready()[0] else 0.0)
         self.server_tls = server_context(config)
+        self.otlp = otlp_export.install(self)
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
         self._stop = trio.Event()
@@ -143,6 +144,8 @@ class Proxy:
                 services.start_soon(trio.serve_listeners, HttpServer(routes(self)).handle, http)
                 await self.discover_once()
                 services.start_soon(self._discovery_loop)
+                if self.otlp is not None:
+                    services.start_soon(self.otlp.run)
                 if handle_signals:
                     services.start_soon(lifecycle.handle_signals, self)
                 if cfg.source and cfg.config_watch_interval > 0:

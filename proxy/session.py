@@ -32,6 +32,7 @@ from kproxy.config import Config
 from kproxy.context import SessionServices
 from kproxy.errors import PeerGone, ProtocolViolation, SessionClosed
 from kproxy.inflight import OrderedResponses, Slot
+from kproxy.latency_sketch import LatencySketch
 from kproxy.memory import Charge
 from kproxy.policies import timeouts
 from kproxy.policies.connection import (
@@ -70,6 +71,7 @@ class Session:
         self.bytes_in = 0
         self.bytes_out = 0
         self.opened_at = time.time()
+        self.latency = LatencySketch()  # recent response times, for the status page
         self._write_lock = trio.Lock()
         self._room = trio.Event()
         self._draining = False
@@ -414,7 +416,9 @@ class Session:
 
     def _account_sent(self, slot: Slot, size: int) -> None:
         api = self.services.metrics.api(slot.api_key)
-        api.latency.observe(time.monotonic() - slot.started)
+        now = time.monotonic()
+        api.latency.observe(now - slot.started)
+        self.latency.observe(now - slot.started, now)
         api.response_bytes.inc(size)
         self.bytes_out += size
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 
 from kproxy.archive import ArchiveWriter
 from kproxy.codecs import api_keys
@@ -28,6 +29,8 @@ class SessionEvents:
         self.ratelog = ratelog
         self.archive = archive
         self.hostname = socket.gethostname()
+        # Called with every connection's state as it closes (the status page notes it).
+        self.on_connection_closed: list[Callable[[ConnectionState], None]] = []
 
     def limit_hit(self, limit: str, msg: str, conn: ConnectionState) -> None:
         """A limit reached by a session: counted always, logged at most once per interval."""
@@ -65,6 +68,8 @@ class SessionEvents:
     def connection_closed(self, conn: ConnectionState, opened_at: float, bytes_in: int,
                           bytes_out: int) -> None:
         """One inventory record per client connection, for the fleet pipeline."""
+        for hook in self.on_connection_closed:
+            hook(conn)
         if self.archive is None or not conn.api_versions_used:
             return
         used = conn.api_versions_used

@@ -63,6 +63,10 @@ class TelemetryService:
         r.register(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
         self.hostname = socket.gethostname()
+        # Called with every accepted push (connection, instance, decompressed OTLP bytes):
+        # the OTLP exporter, the status page. They only take note and never wait.
+        self.push_listeners: list[Callable[[ConnectionState, policy.ClientInstance, bytes],
+                                           None]] = []
 
     def reconfigure(self, cfg: TelemetryConfig) -> None:
         self.cfg = cfg
@@ -117,7 +121,11 @@ class TelemetryService:
                 self.archive is not None):
             self.archive.telemetry(to_otlp_json(result.raw, _resource_attributes(
                 result.instance.attrs, self.hostname)))
-        if not result.error_code and result.instance is not None and result.metrics:
+        if not result.error_code and result.instance is not None:
+            for listener in self.push_listeners:
+                listener(session, result.instance, result.raw)
+        if not result.error_code and result.instance is not None and result.metrics and (
+                self.cfg.prometheus):
             stats = self.store.ingest(result.instance.instance_id, result.instance.attrs,
                                       result.metrics, self.state.settings.delta_temporality)
             if stats.dropped_by_cap:

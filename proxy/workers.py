@@ -41,6 +41,8 @@ log = logging.getLogger("kproxy.workers")
 RESTART_PAUSE = 1.0  # first pause before restarting a worker that died
 RESTART_PAUSE_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a worker up this long resets its pause
+FAILED_START = 10.0  # a worker that exits this soon after its first start: give up
+START_ERRORS = (1, 2)  # `kproxy run`: 2 a bad configuration, 1 a port it cannot bind
 SCRAPE_TIMEOUT = 10.0
 
 
@@ -77,6 +79,8 @@ class Supervisor:
         self.run_argv = run_argv  # the arguments given to `kproxy run`
         self.workers = [Worker(i, free_port()) for i in range(count)]
         self.stopping = False
+        self.exit_code = 0
+        self._stop = trio.Event()
         self._limiter = trio.CapacityLimiter(max(4, count))
 
     def command(self, worker: Worker) -> list[str]:
@@ -93,11 +97,14 @@ class Supervisor:
             nursery.start_soon(trio.serve_listeners, HttpServer(self.routes()).handle, http)
             for worker in self.workers:
                 nursery.start_soon(self._keep_running, worker)
-            await self._signals()
+            async with trio.open_nursery() as waiting:
+                waiting.start_soon(self._signals)
+                await self._stop.wait()
+                waiting.cancel_scope.cancel()
             await self._stop_all()
             nursery.cancel_scope.cancel()
         log.info("workers stopped")
-        return 0
+        return self.exit_code
 
     async def _keep_running(self, worker: Worker) -> None:
         pause = RESTART_PAUSE
@@ -106,6 +113,15 @@ class Supervisor:
             worker.process = await trio.lowlevel.open_process(self.command(worker))
             code = await worker.process.wait()
             if self.stopping:
+                return
+            if (code in START_ERRORS and not worker.restarts
+                    and time.monotonic() - worker.started < FAILED_START):
+                # It never got going (a port in use, a file it cannot read): restarting
+                # would fail the same way, so the whole proxy stops and says so.
+                log.error("worker failed at start; stopping", extra={"fields": {
+                    "worker": worker.index, "exit_code": code}})
+                self.exit_code = code or 1
+                self._stop.set()
                 return
             if time.monotonic() - worker.started > HEALTHY_AFTER:
                 pause = RESTART_PAUSE
@@ -127,6 +143,7 @@ class Supervisor:
                     for proc in self._live():
                         proc.send_signal(signal.SIGHUP)
                     continue
+                self._stop.set()
                 return
 
     async def _stop_all(self) -> None:
