@@ -12,7 +12,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -165,7 +165,7 @@ class ProxyContext:
     # ------------------------------------------------------------------ requests
 
     def answer_locally(self, session: Session, peek: RequestPeek,
-                       frame: memoryview) -> bytes | None:
+                       frame: memoryview) -> bytes | Awaitable[bytes] | None:
         if peek.api_key == api_keys.API_VERSIONS:
             too_new = api_versions_too_new(peek)
             if too_new is not None:

@@ -43,8 +43,11 @@ RECV_BYTES = 256 * 1024
 
 # A handler gets the request body (a view: header included, no size prefix) and
 # returns the response body to send (header included, no size prefix), or None to
-# let the request go upstream.
-LocalHandler = Callable[["Session", RequestPeek, memoryview], bytes | None]
+# let the request go upstream. A handler with costly work (a telemetry push to
+# decode) returns an awaitable of the body instead; this connection's requests
+# wait for it, other connections do not.
+LocalHandler = Callable[["Session", RequestPeek, memoryview],
+                        "bytes | Awaitable[bytes] | None"]
 
 
 class SessionClosed(Exception):
@@ -237,6 +240,8 @@ class Session:
                 self.info.client_id = peek.client_id
             try:
                 local = self.ctx.answer_locally(self, peek, body)
+                if local is not None and not isinstance(local, bytes):
+                    local = await local
             except CodecError as exc:  # a broker closes the connection on such a request
                 self.ctx.decode_error("request", api_keys.api_name(peek.api_key), exc, self)
                 raise SessionClosed(str(exc)) from None
