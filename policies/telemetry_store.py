@@ -37,11 +37,11 @@ Labels = tuple[tuple[str, str], ...]
 INSTANCE_LABELS = ("client_instance_id", "client_id", "client_software_name",
                    "client_software_version")
 _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
-DEFAULT_MAX_SERIES_BYTES = 64 * 1024 * 1024  # estimated, see series_size
+DEFAULT_MAX_SERIES_BYTES = 48 * 1024 * 1024  # estimated, see series_size
 DEFAULT_MAX_FAMILIES = 10_000
 MAX_POINT_LABELS = 32  # attributes of one point that become labels; the rest are dropped
 SERIES_OVERHEAD = 400  # bytes per series beside its label strings
-STEP_POINTS = 256  # points ingested between two yields of MetricsStore.ingest_steps
+STEP_POINTS = 32  # points ingested between two yields of MetricsStore.ingest_steps
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet sends the same few hundred names
@@ -145,32 +145,41 @@ class MetricsStore:
                      stats: IngestStats) -> Iterator[None]:
         """``ingest`` in steps of about ``STEP_POINTS`` points; yields between them.
 
+        A step ends after the metric that crossed ``STEP_POINTS``: a metric's points
+        are ingested together (the decoder's limits bound how many it can have).
+
         Between two steps the instance may be forgotten (expiry); the rest of the
         push is then dropped rather than written into series nobody holds.
         """
         own = self.series.setdefault(instance_id, {})
         base = tuple((k, bounded(instance_labels.get(k, ""), MAX_LABEL_CHARS))
                      for k in INSTANCE_LABELS)
-        done = 0
         for rm in resources:
             for scope in rm.scopes:
                 for metric in scope.metrics:
-                    if self.series.get(instance_id) is not own:
-                        return
-                    self._ingest_metric(own, base, metric, delta, stats)
-                    done += len(metric.points)
-                    if done >= STEP_POINTS:
-                        done = 0
+                    for start in range(0, max(len(metric.points), 1), STEP_POINTS):
+                        if self.series.get(instance_id) is not own:
+                            return
+                        # Looked up again after every yield: a forget may have
+                        # removed the family in between.
+                        family = self._family(metric, stats, counted=start == 0)
+                        if family is None:
+                            break
+                        self._ingest_points(own, base, family, metric,
+                                            metric.points[start : start + STEP_POINTS],
+                                            delta, stats)
                         yield
 
-    def _family(self, metric: otlp.Metric, stats: IngestStats) -> Family | None:
+    def _family(self, metric: otlp.Metric, stats: IngestStats,
+                counted: bool = True) -> Family | None:
+        """The family a metric's points go to; None (counted once) if they go nowhere."""
         kind: Kind
         if metric.kind == "sum":
             kind = "counter" if metric.monotonic else "gauge"
         elif metric.kind in ("gauge", "histogram"):
             kind = metric.kind
         else:
-            stats.unsupported += len(metric.points) or 1
+            stats.unsupported += (len(metric.points) or 1) if counted else 0
             return None
         name = metric_name(self.prefix, metric.name)
         if kind == "counter" and name.endswith("_total"):
@@ -178,23 +187,21 @@ class MetricsStore:
         family = self.families.get(name)
         if family is None:
             if len(self.families) >= self.max_families:
-                stats.dropped_families += len(metric.points)
+                stats.dropped_families += len(metric.points) if counted else 0
                 return None
             family = self.families[name] = Family(
                 name, kind, clipped(metric.description or metric.name, MAX_HELP_CHARS),
                 clipped(metric.unit, MAX_UNIT_CHARS))
         elif family.kind != kind:
-            stats.type_conflicts += len(metric.points)
+            stats.type_conflicts += len(metric.points) if counted else 0
             return None
         return family
 
-    def _ingest_metric(self, own: dict[tuple[str, Labels], Series], base: Labels,
-                       metric: otlp.Metric, delta: bool, stats: IngestStats) -> None:
-        family = self._family(metric, stats)
-        if family is None:
-            return
+    def _ingest_points(self, own: dict[tuple[str, Labels], Series], base: Labels,
+                       family: Family, metric: otlp.Metric, points: list[otlp.Point],
+                       delta: bool, stats: IngestStats) -> None:
         accumulate = delta and metric.temporality == "delta"
-        for point in metric.points:
+        for point in points:
             items = point.attributes.items()
             if len(items) > MAX_POINT_LABELS:
                 stats.labels_dropped += len(items) - MAX_POINT_LABELS

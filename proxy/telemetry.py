@@ -8,9 +8,10 @@ queue like any other response.
 A push that passed its checks is decoded where it cannot hold up other
 connections: decompression on a worker thread (the codecs release the
 interpreter lock), the bounded OTLP decode and the ingest on the event loop in
-small steps with a checkpoint between them. One push is decoded at a time
-(``DECODE_CONCURRENCY``); the connection that sent it waits for its answer, the
-others do not wait at all.
+small steps with a checkpoint between them, paced (``kproxy.pacing``) so that
+all of it together takes at most ``DECODE_SHARE`` of the time. One push is
+decoded at a time (``DECODE_CONCURRENCY``); the connection that sent it waits for
+its answer, the others do not wait at all.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kproxy.codecs.otlp_decode import MetricsDecoder
 from kproxy.codecs.peek import RequestPeek
 from kproxy.config import TelemetryConfig
 from kproxy.metrics import ProxyMetrics
+from kproxy.pacing import Pacer
 from kproxy.policies import telemetry as policy
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.telemetry_store import IngestStats, MetricsStore
@@ -41,6 +43,7 @@ from kproxy.session import Session
 log = logging.getLogger("kproxy.telemetry")
 _COMPRESSION = {v: k for k, v in policy.COMPRESSION_NAMES.items()}
 DECODE_CONCURRENCY = 1  # pushes decompressed and decoded at once, proxy-wide
+DECODE_SHARE = 0.25  # of the time (one core), for all telemetry decoding together
 
 
 def _now_ms() -> int:
@@ -79,6 +82,7 @@ class TelemetryService:
             "kproxy_telemetry_dropped", "Client metric data not kept because a bound was "
             "reached, by bound: series_bytes, families, point_labels", ["bound"], registry=r)
         self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
+        self.pacer = Pacer(DECODE_SHARE)
         r.register(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
 
@@ -142,12 +146,12 @@ class TelemetryService:
     async def _decode(self, pending: policy.PendingPush) -> policy.PushResult:
         try:
             if pending.compression_type:
-                raw = await trio.to_thread.run_sync(self.state.decompress, pending)
+                raw = await self.pacer.call(
+                    lambda: trio.to_thread.run_sync(self.state.decompress, pending))
             else:
                 raw = pending.payload
             decoder = MetricsDecoder(raw, self.state.settings.decode_limits)
-            for _ in decoder.steps():
-                await trio.lowlevel.checkpoint()
+            await self.pacer.steps(decoder.steps())
         except CodecError as exc:
             return self.state.fail_push(pending, exc)
         return self.state.finish_push(pending, raw, decoder.result)
@@ -163,10 +167,12 @@ class TelemetryService:
         if not result.metrics:
             return
         stats = IngestStats()
-        for _ in self.store.ingest_steps(inst.instance_id, inst.attrs, result.metrics,
-                                         self.state.settings.delta_temporality, stats):
-            await trio.lowlevel.checkpoint()
-        self._count_ingest(stats)
+        try:
+            await self.pacer.steps(self.store.ingest_steps(
+                inst.instance_id, inst.attrs, result.metrics,
+                self.state.settings.delta_temporality, stats))
+        finally:
+            self._count_ingest(stats)
 
     def _count_ingest(self, stats: IngestStats) -> None:
         if stats.dropped_by_cap:
