@@ -54,7 +54,7 @@ ALL_METRICS = "*"
 EXPIRY_SWEEP_MS = 1000
 # What the instance memory may hold in all, estimated (see ``instance_bytes``);
 # the least recently seen instances go first once it is passed.
-DEFAULT_MAX_INSTANCE_BYTES = 24 * 1024 * 1024
+DEFAULT_MAX_INSTANCE_BYTES = 16 * 1024 * 1024
 INSTANCE_OVERHEAD = 1024  # bytes per instance beside its attribute strings
 
 

@@ -37,7 +37,7 @@ Labels = tuple[tuple[str, str], ...]
 INSTANCE_LABELS = ("client_instance_id", "client_id", "client_software_name",
                    "client_software_version")
 _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
-DEFAULT_MAX_SERIES_BYTES = 48 * 1024 * 1024  # estimated, see series_size
+DEFAULT_MAX_SERIES_BYTES = 32 * 1024 * 1024  # estimated, see series_size
 DEFAULT_MAX_FAMILIES = 10_000
 MAX_POINT_LABELS = 32  # attributes of one point that become labels; the rest are dropped
 SERIES_OVERHEAD = 400  # bytes per series beside its label strings
