@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,8 +188,6 @@ def test_garbage_is_a_codec_error_not_a_crash() -> None:
 
 def test_the_policy_names_the_limit_a_refused_push_passed() -> None:
     st = t.TelemetryState(t.TelemetrySettings(max_bytes=1 << 20))
-    import uuid
-
     now = 10**9
     got = st.get_subscriptions(uuid.UUID(int=0), {}, now)
     assert got.instance is not None
@@ -224,3 +223,44 @@ def test_the_pacer_rests_three_times_as_long_as_it_works_at_a_quarter_share() ->
     rested, busy = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     assert busy >= 0.01
     assert rested == pytest.approx(3 * busy, rel=0.01, abs=0.002)
+
+
+async def test_a_refused_bomb_is_answered_in_request_order_and_counted(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Through the in-process proxy (FakeBroker upstream, named fake): a bomb pipelined
+    between relayed requests is decoded off the request path, refused, counted, and its
+    answer leaves between theirs, in request order; the connection then carries on."""
+    from kproxy.codecs import api_keys
+    from kproxy.codecs.peek import peek_correlation_id
+    from kproxy.server import Proxy
+
+    from .fake_broker import FakeBroker
+    from .support import RawClient, encode_request, http_get, make_config
+
+    fake = await FakeBroker(node_ids=[0]).start(nursery)
+    proxy = Proxy(make_config(fake.bootstrap, node_id_range="0-0"))
+    await nursery.start(lambda task_status: proxy.run(handle_signals=False,
+                                                      task_status=task_status))
+    client = await RawClient.connect(proxy.bootstrap_port or 0)
+    got = (await client.request(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, 0, 1,
+                                {"client_instance_id": uuid.UUID(int=0)})).body
+    metadata = {"topics": [], "allow_auto_topic_creation": False,
+                "include_topic_authorized_operations": False}
+    await client.send(
+        encode_request(api_keys.METADATA, 12, 2, metadata)
+        + encode_request(api_keys.PUSH_TELEMETRY, 0, 3, {
+            "client_instance_id": got["client_instance_id"],
+            "subscription_id": got["subscription_id"], "terminating": False,
+            "compression_type": 4, "metrics": bomb()})
+        + encode_request(api_keys.METADATA, 12, 4, metadata))
+    frames = [await client.read_frame(30) for _ in range(3)]
+    assert [peek_correlation_id(f) for f in frames if f is not None] == [2, 3, 4]
+    from kproxy.codecs.messages import decode_response
+
+    assert frames[1] is not None
+    assert decode_response(frames[1], api_keys.PUSH_TELEMETRY, 0).body["error_code"] == 87
+    again = await client.request(api_keys.METADATA, 12, 5, metadata)
+    assert again.header.correlation_id == 5
+    _, _, text = await http_get(proxy.http_port or 0, "/metrics")
+    assert b'kproxy_telemetry_pushes_over_limit_total{limit="points"} 1.0' in text
+    proxy.shutdown()
