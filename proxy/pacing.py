@@ -7,12 +7,16 @@ loop (and a core, for decompression) busy most of the time. ``Pacer`` makes the
 work take at most ``share`` of the time: after a step that took ``t`` seconds it
 sleeps ``t * (1 - share) / share``. Used behind one proxy-wide limiter, it bounds
 what all telemetry decoding together can take, whatever the number of clients.
+
+Work is measured in processor time of the thread that did it (``time.thread_time``),
+not wall time: on a busy machine a step that was preempted has not cost more, and
+resting in proportion to the wait would slow telemetry down for nothing.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import trio
@@ -39,19 +43,28 @@ class Pacer:
 
     async def steps(self, steps: Iterator[None]) -> None:
         """Run a stepped computation to its end, resting after each step."""
-        started = time.perf_counter()
+        started = time.thread_time()
         try:
             for _ in steps:
-                now = time.perf_counter()
+                now = time.thread_time()
                 await self._rest(now - started)
-                started = time.perf_counter()
+                started = time.thread_time()
         finally:  # the last step, or the one that raised, is paid for too
-            await self._rest(time.perf_counter() - started)
+            await self._rest(time.thread_time() - started)
 
-    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        """Await ``fn()`` (e.g. work on a thread), then rest in proportion to its time."""
-        started = time.perf_counter()
+    async def in_thread(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on a worker thread, then a rest in proportion to its processor time."""
+        spent = 0.0
+
+        def timed() -> T:
+            nonlocal spent
+            started = time.thread_time()
+            try:
+                return fn()
+            finally:
+                spent = time.thread_time() - started
+
         try:
-            return await fn()
+            return await trio.to_thread.run_sync(timed)
         finally:
-            await self._rest(time.perf_counter() - started)
+            await self._rest(spent)

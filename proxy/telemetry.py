@@ -146,8 +146,7 @@ class TelemetryService:
     async def _decode(self, pending: policy.PendingPush) -> policy.PushResult:
         try:
             if pending.compression_type:
-                raw = await self.pacer.call(
-                    lambda: trio.to_thread.run_sync(self.state.decompress, pending))
+                raw = await self.pacer.in_thread(lambda: self.state.decompress(pending))
             else:
                 raw = pending.payload
             decoder = MetricsDecoder(raw, self.state.settings.decode_limits)
