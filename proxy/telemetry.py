@@ -9,7 +9,7 @@ A push that passed its checks is decoded where it cannot hold up other
 connections: decompression on a worker thread (the codecs release the
 interpreter lock), the bounded OTLP decode and the ingest on the event loop in
 small steps with a checkpoint between them, paced (``kproxy.pacing``) so that
-all of it together takes at most ``DECODE_SHARE`` of the time. One push is
+all of it together takes at most ``DECODE_SHARE`` of a core over time. One push is
 decoded at a time (``DECODE_CONCURRENCY``); the connection that sent it waits for
 its answer, the others do not wait at all.
 """

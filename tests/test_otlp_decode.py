@@ -203,26 +203,38 @@ def test_the_policy_names_the_limit_a_refused_push_passed() -> None:
     assert (result.error_code, result.limit) == (t.INVALID_RECORD, "decompressed_bytes")
 
 
-def test_the_pacer_rests_three_times_as_long_as_it_works_at_a_quarter_share() -> None:
-    """Work is measured in thread time; the rests are sleeps on a mock clock."""
+def _paced(share: float, burst: float, steps: int) -> tuple[float, float]:
+    """Work measured in thread time (2 ms a step); rests are sleeps on a mock clock.
+
+    No mock time passes while working, so the bucket refills only while resting.
+    """
     import time
 
     def work() -> Iterator[None]:
-        for _ in range(5):
+        for _ in range(steps):
             end = time.thread_time() + 0.002
             while time.thread_time() < end:
                 pass
             yield
 
     async def run() -> tuple[float, float]:
-        pacer = Pacer(0.25)
+        pacer = Pacer(share, burst)
         start = trio.current_time()
         await pacer.steps(work())
         return trio.current_time() - start, pacer.busy_seconds
 
-    rested, busy = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_sustained_work_is_held_to_its_share_of_the_time() -> None:
+    rested, busy = _paced(0.25, 0.0, 5)
     assert busy >= 0.01
-    assert rested == pytest.approx(3 * busy, rel=0.01, abs=0.002)
+    assert rested == pytest.approx(busy / 0.25, rel=0.01, abs=0.002)
+
+
+def test_occasional_work_within_the_burst_never_waits() -> None:
+    rested, busy = _paced(0.25, 0.05, 5)
+    assert busy >= 0.01 and rested == 0
 
 
 async def test_a_refused_bomb_is_answered_in_request_order_and_counted(
