@@ -44,15 +44,24 @@ SERIES_OVERHEAD = 400  # bytes per series beside its label strings
 STEP_POINTS = 32  # points ingested between two yields of MetricsStore.ingest_steps
 
 
-@functools.lru_cache(maxsize=4096)  # a fleet sends the same few hundred names
 def metric_name(prefix: str, otlp_name: str) -> str:
-    name = _BAD_CHARS.sub("_", prefix + bounded(otlp_name, MAX_NAME_CHARS))
+    """The Prometheus name; shortened first, so the cache below never keeps a long one."""
+    return _metric_name(prefix, bounded(otlp_name, MAX_NAME_CHARS))
+
+
+def label_name(key: str) -> str:
+    return _label_name(bounded(key, MAX_NAME_CHARS))
+
+
+@functools.lru_cache(maxsize=4096)  # a fleet sends the same few hundred names
+def _metric_name(prefix: str, otlp_name: str) -> str:
+    name = _BAD_CHARS.sub("_", prefix + otlp_name)
     return "_" + name if name[:1].isdigit() else name
 
 
 @functools.lru_cache(maxsize=4096)
-def label_name(key: str) -> str:
-    name = _BAD_CHARS.sub("_", bounded(key, MAX_NAME_CHARS))
+def _label_name(key: str) -> str:
+    name = _BAD_CHARS.sub("_", key)
     if name[:1].isdigit() or name.startswith("__"):
         name = "attr_" + name.lstrip("_")
     return "attr_" + name if name in INSTANCE_LABELS else name
