@@ -276,3 +276,30 @@ async def test_a_refused_bomb_is_answered_in_request_order_and_counted(
     _, _, text = await http_get(proxy.http_port or 0, "/metrics")
     assert b'kproxy_telemetry_pushes_over_limit_total{limit="points"} 1.0' in text
     proxy.shutdown()
+
+
+def test_nested_attribute_values_are_bounded_in_depth_and_length() -> None:
+    from kproxy.codecs.errors import CodecError
+
+    def field(number: int, body: bytes) -> bytes:
+        return _varint(number << 3 | 2) + _varint(len(body)) + body
+
+    def payload(any_value: bytes) -> bytes:
+        """Written directly: protobuf will not build messages nested past its limit."""
+        point = field(7, field(1, b"a") + field(2, any_value))  # NumberDataPoint.attributes
+        metric = field(1, b"n") + field(5, field(1, point))  # name, gauge.data_points
+        return field(1, field(2, field(2, metric)))
+
+    def nested(depth: int) -> bytes:
+        value = field(1, b"leaf")  # AnyValue.string_value
+        for _ in range(depth):  # AnyValue.kvlist_value > KeyValueList.values > KeyValue
+            value = field(6, field(1, field(1, b"k") + field(2, value)))
+        return value
+
+    wide = field(5, b"".join(field(1, field(1, b"x" * 100)) for _ in range(100)))  # array
+    for any_value in (nested(20), wide):
+        [rm] = decode_metrics_data(payload(any_value))
+        [value] = rm.scopes[0].metrics[0].points[0].attributes.values()
+        assert isinstance(value, str) and 0 < len(value) <= otlp.MAX_COMPOSITE_CHARS
+    with pytest.raises(CodecError):  # deeper than protobuf's recursion limit
+        decode_metrics_data(payload(nested(200)))
