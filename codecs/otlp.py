@@ -20,7 +20,7 @@ AttrValue = str | int | float | bool
 Temporality = Literal["unspecified", "delta", "cumulative"]
 MetricKind = Literal["gauge", "sum", "histogram", "exponential_histogram", "summary"]
 
-_TEMPORALITY: dict[int, Temporality] = {0: "unspecified", 1: "delta", 2: "cumulative"}
+TEMPORALITY: dict[int, Temporality] = {0: "unspecified", 1: "delta", 2: "cumulative"}
 
 
 @dataclass(slots=True)
@@ -82,22 +82,10 @@ class ResourceMetrics:
 
 
 def decode_metrics_data(payload: bytes | memoryview) -> list[ResourceMetrics]:
-    """Parse a serialized OTLP ``MetricsData`` message."""
-    msg = metrics_pb2.MetricsData()
-    try:
-        msg.ParseFromString(bytes(payload))
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise CodecError(f"not an OTLP MetricsData message ({exc})", what="OTLP payload") from None
-    return [
-        ResourceMetrics(
-            attributes=attributes(rm.resource.attributes),
-            scopes=[
-                ScopeMetrics(sm.scope.name, sm.scope.version, [_metric(m) for m in sm.metrics])
-                for sm in rm.scope_metrics
-            ],
-        )
-        for rm in msg.resource_metrics
-    ]
+    """Parse a serialized OTLP ``MetricsData`` message, within the default decode limits."""
+    from kproxy.codecs.otlp_decode import decode_metrics_data as bounded_decode
+
+    return bounded_decode(payload)
 
 
 def attributes(kvs: Iterable[KeyValue]) -> dict[str, AttrValue]:
@@ -118,48 +106,28 @@ def _any_value(v: AnyValue) -> AttrValue:
         return v.bytes_value.hex()
     if which is None:
         return ""
-    return str(v).strip()  # arrays and kvlists: rare in client metrics; keep them readable
+    # Arrays and kvlists: rare in client metrics; kept readable, and short.
+    return str(v).strip()[:MAX_COMPOSITE_CHARS]
 
 
-def _number(p: metrics_pb2.NumberDataPoint) -> NumberPoint:
+MAX_COMPOSITE_CHARS = 256  # an array or kvlist attribute value, rendered as text
+
+
+def number_point(p: metrics_pb2.NumberDataPoint) -> NumberPoint:
     value: float | int = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
     return NumberPoint(attributes(p.attributes), p.start_time_unix_nano, p.time_unix_nano, value)
 
 
-def _metric(m: metrics_pb2.Metric) -> Metric:
-    which = m.WhichOneof("data")
-    out = Metric(m.name, m.description, m.unit, "gauge")
-    if which == "gauge":
-        out.points = [_number(p) for p in m.gauge.data_points]
-    elif which == "sum":
-        out.kind = "sum"
-        out.temporality = _TEMPORALITY.get(m.sum.aggregation_temporality, "unspecified")
-        out.monotonic = m.sum.is_monotonic
-        out.points = [_number(p) for p in m.sum.data_points]
-    elif which == "histogram":
-        out.kind = "histogram"
-        out.temporality = _TEMPORALITY.get(m.histogram.aggregation_temporality, "unspecified")
-        out.points = [
-            HistogramPoint(
-                attributes(p.attributes), p.start_time_unix_nano, p.time_unix_nano, p.count,
-                p.sum if p.HasField("sum") else None, list(p.bucket_counts),
-                list(p.explicit_bounds),
-                p.min if p.HasField("min") else None, p.max if p.HasField("max") else None,
-            )
-            for p in m.histogram.data_points
-        ]
-    elif which == "exponential_histogram":
-        out.kind = "exponential_histogram"
-        out.temporality = _TEMPORALITY.get(
-            m.exponential_histogram.aggregation_temporality, "unspecified")
-    elif which == "summary":
-        out.kind = "summary"
-        out.points = [
-            SummaryPoint(attributes(p.attributes), p.start_time_unix_nano, p.time_unix_nano,
-                         p.count, p.sum, [(q.quantile, q.value) for q in p.quantile_values])
-            for p in m.summary.data_points
-        ]
-    return out
+def histogram_point(p: metrics_pb2.HistogramDataPoint) -> HistogramPoint:
+    return HistogramPoint(
+        attributes(p.attributes), p.start_time_unix_nano, p.time_unix_nano, p.count,
+        p.sum if p.HasField("sum") else None, list(p.bucket_counts), list(p.explicit_bounds),
+        p.min if p.HasField("min") else None, p.max if p.HasField("max") else None)
+
+
+def summary_point(p: metrics_pb2.SummaryDataPoint) -> SummaryPoint:
+    return SummaryPoint(attributes(p.attributes), p.start_time_unix_nano, p.time_unix_nano,
+                        p.count, p.sum, [(q.quantile, q.value) for q in p.quantile_values])
 
 
 def to_otlp_json(payload: bytes | memoryview, resource_attributes: dict[str, str]) -> str:

@@ -15,7 +15,7 @@ them. Everything without a handler is relayed as bytes (responses cut through).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,12 +56,12 @@ class Answer:
 
 
 @dataclass(frozen=True, slots=True)
-class AnswerOffLoop:
-    """Answer locally with what ``work`` returns; it is CPU-heavy, so the shell runs it
-    where it cannot stall other connections (a worker thread). Answers still leave in
-    request order."""
+class AnswerLater:
+    """Answer locally with what ``reply`` gives once awaited (work that must not stall
+    the relay, e.g. decoding a telemetry push). The answer still leaves in request
+    order; this connection's later requests are forwarded meanwhile."""
 
-    work: Callable[[], bytes]
+    reply: Awaitable[bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,7 @@ class Close:
 
 
 # None from ``request`` means: forward the request as received.
-RequestDecision = Forward | Answer | AnswerOffLoop | Close | None
+RequestDecision = Forward | Answer | AnswerLater | Close | None
 
 
 @dataclass(slots=True)

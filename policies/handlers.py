@@ -8,7 +8,7 @@ share-group rewriting) is adding a handler here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.error_codes import ErrorCode
@@ -24,7 +24,7 @@ from kproxy.codecs.registry import DECODED
 from kproxy.policies.api_versions import bridge_metadata_version, cap_api_versions
 from kproxy.policies.connection import (
     Answer,
-    AnswerOffLoop,
+    AnswerLater,
     Close,
     ConnectionState,
     Forward,
@@ -53,8 +53,8 @@ log = logging.getLogger("kproxy.handlers")
 API_VERSIONS_MAX = DECODED[api_keys.API_VERSIONS].versions.hi
 
 # A local handler answers a request the proxy serves itself (telemetry): the answer,
-# or work to run off the event loop that makes it.
-LocalHandler = Callable[[ConnectionState, RequestPeek, memoryview], bytes | AnswerOffLoop]
+# or an awaitable of it when making it takes work that must not stall the relay.
+LocalHandler = Callable[[ConnectionState, RequestPeek, memoryview], bytes | Awaitable[bytes]]
 
 
 # ----------------------------------------------------------------------------- requests
@@ -125,7 +125,7 @@ class LocalRequest:
                          "request before SASL authentication; connection closed",
                          api_keys.api_name(peek.api_key))
         reply = self.answer(conn, peek, body)
-        return reply if isinstance(reply, AnswerOffLoop) else Answer(reply)
+        return Answer(reply) if isinstance(reply, bytes) else AnswerLater(reply)
 
 
 # ----------------------------------------------------------------------------- responses

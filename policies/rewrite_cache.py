@@ -6,10 +6,16 @@ largest per-request cost of the relay, so the result is kept, keyed by everythin
 it depends on: the backend's bytes after the correlation id, the versions read and
 written, and the port map (a reload that moves ports misses the old entries). The
 cache is bounded in entries and in bytes, least recently used out first.
+
+The backend's bytes depend on what clients ask (topic names), so they are not kept
+as the key: an entry is found by a 32-byte BLAKE2b digest of them (with the versions
+and the port map beside it), and only the rewritten body is stored. An entry costs
+its rewritten body plus a fixed overhead, whatever the key's size.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -18,6 +24,8 @@ from kproxy.policies.rewrite import Seen
 
 DEFAULT_MAX_ENTRIES = 64
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, counted against max_bytes
+_StoredKey = tuple[bytes, int, int, Hashable]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +47,7 @@ class RewriteCache:
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[RewriteKey, CachedRewrite] = OrderedDict()
+        self._entries: OrderedDict[_StoredKey, CachedRewrite] = OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
@@ -52,11 +60,12 @@ class RewriteCache:
         return self._bytes
 
     def get(self, key: RewriteKey) -> CachedRewrite | None:
-        found = self._entries.get(key)
+        stored = _stored(key)
+        found = self._entries.get(stored)
         if found is None:
             self.misses += 1
             return None
-        self._entries.move_to_end(key)
+        self._entries.move_to_end(stored)
         self.hits += 1
         return found
 
@@ -66,15 +75,21 @@ class RewriteCache:
         return self.max_bytes // 4
 
     def put(self, key: RewriteKey, value: CachedRewrite) -> None:
-        size = _size(key, value)
-        if size > self.max_entry_bytes or key in self._entries:
+        size = _size(value)
+        stored = _stored(key)
+        if size > self.max_entry_bytes or stored in self._entries:
             return
-        self._entries[key] = value
+        self._entries[stored] = value
         self._bytes += size
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-            old_key, old = self._entries.popitem(last=False)
-            self._bytes -= _size(old_key, old)
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= _size(old)
 
 
-def _size(key: RewriteKey, value: CachedRewrite) -> int:
-    return len(key.upstream) + len(value.tail)
+def _stored(key: RewriteKey) -> _StoredKey:
+    digest = hashlib.blake2b(key.upstream, digest_size=32).digest()
+    return digest, key.read_version, key.written_version, key.context
+
+
+def _size(value: CachedRewrite) -> int:
+    return len(value.tail) + ENTRY_OVERHEAD

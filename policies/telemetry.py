@@ -17,8 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kproxy.codecs import compression, otlp
+from kproxy.codecs.compression import DecompressionLimitExceeded
 from kproxy.codecs.crc32c import crc32c
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.otlp_decode import (
+    DEFAULT_LIMITS,
+    DecodeLimits,
+    OtlpLimitExceeded,
+    decode_metrics_data,
+)
+from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 
 # Kafka error codes used by the telemetry APIs.
 NONE = 0
@@ -44,6 +52,10 @@ DEFAULT_INTERVAL_MS = 300_000
 MIN_INTERVAL_MS, MAX_INTERVAL_MS = 100, 3_600_000
 ALL_METRICS = "*"
 EXPIRY_SWEEP_MS = 1000
+# What the instance memory may hold in all, estimated (see ``instance_bytes``);
+# the least recently seen instances go first once it is passed.
+DEFAULT_MAX_INSTANCE_BYTES = 16 * 1024 * 1024
+INSTANCE_OVERHEAD = 1024  # bytes per instance beside its attribute strings
 
 
 class PolicyError(ValueError):
@@ -99,6 +111,8 @@ class TelemetrySettings:
     delta_temporality: bool = False
     compression_types: tuple[int, ...] = (4, 3, 1, 2)  # zstd, lz4, gzip, snappy
     max_instances: int = 100_000
+    max_instance_bytes: int = DEFAULT_MAX_INSTANCE_BYTES
+    decode_limits: DecodeLimits = DEFAULT_LIMITS
 
 
 @dataclass(frozen=True)
@@ -137,6 +151,11 @@ class ClientInstance:
     last_seen_ms: int = 0
 
     @property
+    def size(self) -> int:
+        """Estimated bytes this instance holds (its attributes are bounded in length)."""
+        return INSTANCE_OVERHEAD + sum(len(k) + len(v) for k, v in self.attrs.items())
+
+    @property
     def expires_after_ms(self) -> int:
         return max(60_000, 3 * self.resolved.interval_ms)
 
@@ -168,6 +187,23 @@ class PushResult:
     metrics: list[otlp.ResourceMetrics] = field(default_factory=list)
     detail: str = ""
     raw: bytes = b""  # the decompressed OTLP payload, for the archive
+    limit: str = ""  # the decode limit a refused push passed, if that was the reason
+    compression_type: int = 0
+
+
+@dataclass
+class PendingPush:
+    """A push that passed every check; its payload is still to be decompressed and decoded.
+
+    Those two steps are the costly ones, so the caller runs them where they cannot
+    hold up other connections (``decompress`` and ``decoder``), then ``finish_push``.
+    """
+
+    instance: ClientInstance
+    compression_type: int
+    payload: bytes
+    terminating: bool
+    now: int
 
 
 class TelemetryState:
@@ -182,6 +218,7 @@ class TelemetryState:
         self._new_id = new_instance_id
         self._on_forget = on_forget
         self._swept_at: int | None = None
+        self.instance_bytes = 0
 
     def reconfigure(self, settings: TelemetrySettings) -> None:
         """New subscriptions: every instance gets a fresh subscription on its next request."""
@@ -198,7 +235,11 @@ class TelemetryState:
         return len(gone)
 
     def _forget(self, instance_id: uuid.UUID) -> None:
-        if self.instances.pop(instance_id, None) is not None and self._on_forget:
+        gone = self.instances.pop(instance_id, None)
+        if gone is None:
+            return
+        self.instance_bytes -= gone.size
+        if self._on_forget:
             self._on_forget(instance_id)
 
     def _instance(self, instance_id: uuid.UUID, attrs: dict[str, str],
@@ -207,13 +248,21 @@ class TelemetryState:
         if inst is None or inst.settings_version != self.version:
             # Unknown, expired or resolved under an older policy: start afresh, as a
             # broker does, so a stale subscription id is answered with 117.
-            full = {**attrs, "client_instance_id": str(instance_id)}
+            # Attributes are what the client chose: bounded before they are matched,
+            # kept, or become labels.
+            full = {k: bounded(v, MAX_LABEL_CHARS) for k, v in attrs.items()}
+            full["client_instance_id"] = str(instance_id)
+            if inst is not None:
+                self.instance_bytes -= inst.size
             inst = ClientInstance(instance_id, full, resolve(self.settings, instance_id, full),
                                   self.version)
             self.instances[instance_id] = inst
+            self.instance_bytes += inst.size
         self.instances.move_to_end(instance_id)
         inst.last_seen_ms = now
-        while len(self.instances) > self.settings.max_instances:
+        while len(self.instances) > 1 and (
+                len(self.instances) > self.settings.max_instances
+                or self.instance_bytes > self.settings.max_instance_bytes):
             self._forget(next(iter(self.instances)))
         return inst
 
@@ -237,6 +286,22 @@ class TelemetryState:
     def push(self, instance_id: uuid.UUID, subscription_id: int, terminating: bool,
              compression_type: int, payload: bytes | None, attrs: dict[str, str],
              now: int) -> PushResult:
+        """The whole push in one call: checks, decompression, decode (tests, tools)."""
+        started = self.begin_push(instance_id, subscription_id, terminating, compression_type,
+                                  payload, attrs, now)
+        if isinstance(started, PushResult):
+            return started
+        try:
+            raw = self.decompress(started)
+            metrics = decode_metrics_data(raw, self.settings.decode_limits)
+        except CodecError as exc:
+            return self.fail_push(started, exc)
+        return self.finish_push(started, raw, metrics)
+
+    def begin_push(self, instance_id: uuid.UUID, subscription_id: int, terminating: bool,
+                   compression_type: int, payload: bytes | None, attrs: dict[str, str],
+                   now: int) -> PushResult | PendingPush:
+        """Every check of a push, in the broker's order; a ``PendingPush`` if all pass."""
         self._maybe_expire(now)
         if instance_id.int == 0:
             return PushResult(INVALID_REQUEST, detail="zero client instance id")
@@ -245,23 +310,39 @@ class TelemetryState:
                                          payload, now)
         if error:
             inst.last_error = error
-            return PushResult(error, inst, detail=detail)
+            return PushResult(error, inst, detail=detail,
+                              limit="bytes" if error == TELEMETRY_TOO_LARGE else "")
         inst.terminating = terminating
-        metrics: list[otlp.ResourceMetrics] = []
-        raw = b""
-        if payload:
-            try:
-                raw = compression.decompress(compression_type, payload,
-                                             self.settings.max_decompressed_bytes)
-                metrics = otlp.decode_metrics_data(raw)
-            except CodecError as exc:
-                inst.last_error = INVALID_RECORD
-                return PushResult(INVALID_RECORD, inst, detail=str(exc))
+        pending = PendingPush(inst, compression_type, payload or b"", terminating, now)
+        if not payload:
+            return self.finish_push(pending, b"", [])
+        return pending
+
+    def decompress(self, pending: PendingPush) -> bytes:
+        """The payload decompressed, never past ``max_decompressed_bytes`` (CodecError)."""
+        return compression.decompress(pending.compression_type, pending.payload,
+                                      self.settings.max_decompressed_bytes)
+
+    def fail_push(self, pending: PendingPush, exc: CodecError) -> PushResult:
+        """The payload did not decompress or decode, or passed a decode limit: 87."""
+        pending.instance.last_error = INVALID_RECORD
+        limit = exc.limit if isinstance(exc, OtlpLimitExceeded) else (
+            "decompressed_bytes" if isinstance(exc, DecompressionLimitExceeded) else "")
+        return PushResult(INVALID_RECORD, pending.instance, detail=str(exc), limit=limit)
+
+    def finish_push(self, pending: PendingPush, raw: bytes,
+                    metrics: list[otlp.ResourceMetrics]) -> PushResult:
+        inst = pending.instance
         inst.last_error = NONE
-        if terminating:
+        if pending.terminating:
             # Its last push: keep the values for a scrape or two, then let it expire.
-            inst.last_seen_ms = now - inst.expires_after_ms + 2 * 60_000
-        return PushResult(NONE, inst, metrics, raw=raw)
+            inst.last_seen_ms = pending.now - inst.expires_after_ms + 2 * 60_000
+        return PushResult(NONE, inst, metrics, raw=raw,
+                          compression_type=pending.compression_type)
+
+    def remembers(self, inst: ClientInstance) -> bool:
+        """Whether ``inst`` is still the remembered instance (not expired or evicted since)."""
+        return self.instances.get(inst.instance_id) is inst
 
     def _check_push(self, inst: ClientInstance, subscription_id: int, terminating: bool,
                     compression_type: int, payload: bytes | None, now: int) -> tuple[int, str]:

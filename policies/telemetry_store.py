@@ -5,6 +5,12 @@ Monotonic sums become counters, gauges and non-monotonic sums gauges, explicit-
 bucket histograms histograms. With delta temporality the values are accumulated
 here, so Prometheus always sees cumulative series. The total number of series is
 capped; what does not fit is dropped and counted, never grown.
+
+Everything here is keyed by what clients send, so every dimension is bounded:
+names and label values are shortened (``policies.bounds``), a point keeps at most
+``MAX_POINT_LABELS`` attributes, the series are capped in count (``max_series``)
+and in estimated bytes (``max_series_bytes``), and so are the metric families
+(``max_families``); a family goes when its last series does.
 """
 
 from __future__ import annotations
@@ -12,26 +18,49 @@ from __future__ import annotations
 import functools
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kproxy.codecs import otlp
+from kproxy.policies.bounds import (
+    MAX_HELP_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_NAME_CHARS,
+    MAX_UNIT_CHARS,
+    bounded,
+    clipped,
+)
 
 Kind = Literal["counter", "gauge", "histogram"]
 Labels = tuple[tuple[str, str], ...]
 INSTANCE_LABELS = ("client_instance_id", "client_id", "client_software_name",
                    "client_software_version")
 _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+DEFAULT_MAX_SERIES_BYTES = 32 * 1024 * 1024  # estimated, see series_size
+DEFAULT_MAX_FAMILIES = 10_000
+MAX_POINT_LABELS = 32  # attributes of one point that become labels; the rest are dropped
+SERIES_OVERHEAD = 400  # bytes per series beside its label strings
+STEP_POINTS = 32  # points ingested between two yields of MetricsStore.ingest_steps
+
+
+def metric_name(prefix: str, otlp_name: str) -> str:
+    """The Prometheus name; shortened first, so the cache below never keeps a long one."""
+    return _metric_name(prefix, bounded(otlp_name, MAX_NAME_CHARS))
+
+
+def label_name(key: str) -> str:
+    return _label_name(bounded(key, MAX_NAME_CHARS))
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet sends the same few hundred names
-def metric_name(prefix: str, otlp_name: str) -> str:
+def _metric_name(prefix: str, otlp_name: str) -> str:
     name = _BAD_CHARS.sub("_", prefix + otlp_name)
     return "_" + name if name[:1].isdigit() else name
 
 
 @functools.lru_cache(maxsize=4096)
-def label_name(key: str) -> str:
+def _label_name(key: str) -> str:
     name = _BAD_CHARS.sub("_", key)
     if name[:1].isdigit() or name.startswith("__"):
         name = "attr_" + name.lstrip("_")
@@ -41,6 +70,8 @@ def label_name(key: str) -> str:
 def label_value(value: otlp.AttrValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str):
+        return bounded(value, MAX_LABEL_CHARS)
     return str(value)  # ints (librdkafka's node.id) keep their value as digits
 
 
@@ -66,6 +97,7 @@ class Family:
     kind: Kind
     help: str
     unit: str = ""
+    series: int = 0  # how many series (across instances) belong to it
 
 
 @dataclass
@@ -74,76 +106,138 @@ class IngestStats:
     dropped_by_cap: int = 0
     type_conflicts: int = 0
     unsupported: int = 0
+    dropped_by_bytes: int = 0  # series not added: the byte bound was reached
+    dropped_families: int = 0  # points of a new metric name beyond max_families
+    labels_dropped: int = 0  # attributes beyond MAX_POINT_LABELS on a point
+
+
+def series_size(key: tuple[str, Labels]) -> int:
+    """Estimated bytes one series holds: its labels and a fixed overhead."""
+    return SERIES_OVERHEAD + len(key[0]) + sum(len(k) + len(v) for k, v in key[1])
 
 
 class MetricsStore:
-    def __init__(self, prefix: str = "", max_series: int = 50_000) -> None:
+    def __init__(self, prefix: str = "", max_series: int = 50_000,
+                 max_series_bytes: int = DEFAULT_MAX_SERIES_BYTES,
+                 max_families: int = DEFAULT_MAX_FAMILIES) -> None:
         self.prefix = prefix
         self.max_series = max_series
+        self.max_series_bytes = max_series_bytes
+        self.max_families = max_families
         self.families: dict[str, Family] = {}
         self.series: dict[uuid.UUID, dict[tuple[str, Labels], Series]] = {}
         self.total = 0
+        self.bytes = 0
 
     def forget(self, instance_id: uuid.UUID) -> None:
         gone = self.series.pop(instance_id, None)
-        if gone:
-            self.total -= len(gone)
+        if not gone:
+            return
+        self.total -= len(gone)
+        for key in gone:
+            self.bytes -= series_size(key)
+            family = self.families.get(key[0])
+            if family is not None:
+                family.series -= 1
+                if family.series <= 0:
+                    del self.families[key[0]]
 
     def ingest(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
                resources: list[otlp.ResourceMetrics], delta: bool) -> IngestStats:
         stats = IngestStats()
+        for _ in self.ingest_steps(instance_id, instance_labels, resources, delta, stats):
+            pass
+        return stats
+
+    def ingest_steps(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
+                     resources: list[otlp.ResourceMetrics], delta: bool,
+                     stats: IngestStats) -> Iterator[None]:
+        """``ingest`` in steps of about ``STEP_POINTS`` points; yields between them.
+
+        A step ends after the metric that crossed ``STEP_POINTS``: a metric's points
+        are ingested together (the decoder's limits bound how many it can have).
+
+        Between two steps the instance may be forgotten (expiry); the rest of the
+        push is then dropped rather than written into series nobody holds.
+        """
         own = self.series.setdefault(instance_id, {})
-        base = tuple((k, instance_labels.get(k, "")) for k in INSTANCE_LABELS)
+        base = tuple((k, bounded(instance_labels.get(k, ""), MAX_LABEL_CHARS))
+                     for k in INSTANCE_LABELS)
         for rm in resources:
             for scope in rm.scopes:
                 for metric in scope.metrics:
-                    self._ingest_metric(own, base, metric, delta, stats)
-        return stats
+                    for start in range(0, max(len(metric.points), 1), STEP_POINTS):
+                        if self.series.get(instance_id) is not own:
+                            return
+                        # Looked up again after every yield: a forget may have
+                        # removed the family in between.
+                        family = self._family(metric, stats, counted=start == 0)
+                        if family is None:
+                            break
+                        self._ingest_points(own, base, family, metric,
+                                            metric.points[start : start + STEP_POINTS],
+                                            delta, stats)
+                        yield
 
-    def _family(self, metric: otlp.Metric, stats: IngestStats) -> Family | None:
+    def _family(self, metric: otlp.Metric, stats: IngestStats,
+                counted: bool = True) -> Family | None:
+        """The family a metric's points go to; None (counted once) if they go nowhere."""
         kind: Kind
         if metric.kind == "sum":
             kind = "counter" if metric.monotonic else "gauge"
         elif metric.kind in ("gauge", "histogram"):
             kind = metric.kind
         else:
-            stats.unsupported += len(metric.points) or 1
+            stats.unsupported += (len(metric.points) or 1) if counted else 0
             return None
         name = metric_name(self.prefix, metric.name)
         if kind == "counter" and name.endswith("_total"):
             name = name[: -len("_total")]  # the exposition adds it back
         family = self.families.get(name)
         if family is None:
-            family = self.families[name] = Family(name, kind, metric.description or metric.name,
-                                                  metric.unit)
+            if len(self.families) >= self.max_families:
+                stats.dropped_families += len(metric.points) if counted else 0
+                return None
+            family = self.families[name] = Family(
+                name, kind, clipped(metric.description or metric.name, MAX_HELP_CHARS),
+                clipped(metric.unit, MAX_UNIT_CHARS))
         elif family.kind != kind:
-            stats.type_conflicts += len(metric.points)
+            stats.type_conflicts += len(metric.points) if counted else 0
             return None
         return family
 
-    def _ingest_metric(self, own: dict[tuple[str, Labels], Series], base: Labels,
-                       metric: otlp.Metric, delta: bool, stats: IngestStats) -> None:
-        family = self._family(metric, stats)
-        if family is None:
-            return
+    def _ingest_points(self, own: dict[tuple[str, Labels], Series], base: Labels,
+                       family: Family, metric: otlp.Metric, points: list[otlp.Point],
+                       delta: bool, stats: IngestStats) -> None:
         accumulate = delta and metric.temporality == "delta"
-        for point in metric.points:
-            attrs = tuple(sorted((label_name(k), label_value(v))
-                                 for k, v in point.attributes.items()))
+        for point in points:
+            items = point.attributes.items()
+            if len(items) > MAX_POINT_LABELS:
+                stats.labels_dropped += len(items) - MAX_POINT_LABELS
+                items = list(items)[:MAX_POINT_LABELS]  # type: ignore[assignment]
+            attrs = tuple(sorted((label_name(k), label_value(v)) for k, v in items))
             key = (family.name, base + attrs)
             series = own.get(key)
             if series is None:
                 if self.total >= self.max_series:
                     stats.dropped_by_cap += 1
                     continue
+                size = series_size(key)
+                if self.bytes + size > self.max_series_bytes:
+                    stats.dropped_by_bytes += 1
+                    continue
                 series = own[key] = Series()
                 self.total += 1
+                self.bytes += size
+                family.series += 1
             stats.points += 1
             if isinstance(point, otlp.HistogramPoint):
                 _histogram(series, point, accumulate)
             elif isinstance(point, otlp.NumberPoint):
                 series.value = series.value + point.value if accumulate and (
                     family.kind == "counter" or metric.kind == "sum") else float(point.value)
+        if not family.series:  # new, and nothing fitted: not kept for a name with no series
+            del self.families[family.name]
 
     def snapshot(self) -> list[tuple[Family, list[tuple[Labels, Series]]]]:
         grouped: dict[str, list[tuple[Labels, Series]]] = {}

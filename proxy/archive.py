@@ -8,7 +8,10 @@ Spark and most readers skip) and renamed into place when it rotates, so a reader
 never sees a half-written line. Completed files are capped in total size; the
 oldest go first. Writing happens on a thread behind a bounded queue: when the
 disk is slow or full, records are dropped and counted, never buffered without
-bound, and the relay never waits.
+bound, and the relay never waits. The queue is bounded in records and in bytes
+(``queue_bytes``); client-chosen strings in an inventory record are shortened and
+its per-API table capped. A push is queued as its decompressed OTLP bytes and
+turned into JSON on the writer thread, not on the relay's.
 """
 
 from __future__ import annotations
@@ -28,10 +31,16 @@ from typing import Any, TextIO
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.otlp import to_otlp_json
 from kproxy.logs import RateLimitedLog
+from kproxy.policies.bounds import MAX_FIELD_CHARS, bounded
 
 log = logging.getLogger("kproxy.archive")
 KINDS = ("telemetry", "connections")
+DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024  # records waiting for the writer, in all
+MAX_RECORD_ITEMS = 128  # entries of a table inside an inventory record (apis)
+_Item = tuple[str, "str | tuple[bytes, dict[str, str]]", int]  # kind, record, bytes queued
 
 
 @dataclass
@@ -41,6 +50,7 @@ class ArchiveSettings:
     max_file_seconds: float = 300.0
     max_total_bytes: int = 1024 * 1024 * 1024
     queue_records: int = 10_000
+    queue_bytes: int = DEFAULT_QUEUE_BYTES
 
 
 @dataclass
@@ -50,6 +60,7 @@ class ArchiveStats:
     files_completed: int = 0
     files_deleted: int = 0
     bytes_on_disk: int = 0
+    bytes_queued: int = 0
 
 
 class _OpenFile:
@@ -74,7 +85,8 @@ class ArchiveWriter:
         self.settings = settings
         self.stats = ArchiveStats()
         self._clock = clock
-        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(settings.queue_records)
+        self._queue: queue.Queue[_Item | None] = queue.Queue(settings.queue_records)
+        self._queued_lock = threading.Lock()
         self._open: dict[str, _OpenFile] = {}
         self._seq = 0
         self._thread = threading.Thread(target=self._run, name="kproxy-archive", daemon=True)
@@ -103,16 +115,32 @@ class ArchiveWriter:
     # ------------------------------------------------------------------ producers
 
     def telemetry(self, otlp_json_line: str) -> None:
-        self._submit("telemetry", otlp_json_line)
+        self._submit("telemetry", otlp_json_line, len(otlp_json_line))
+
+    def telemetry_payload(self, raw: bytes, resource_attributes: dict[str, str]) -> None:
+        """A push as its decompressed OTLP bytes; the JSON is made on the writer thread."""
+        self._submit("telemetry", (raw, resource_attributes), len(raw))
 
     def connection(self, record: dict[str, Any]) -> None:
-        self._submit("connections", json.dumps(record, separators=(",", ":"), default=str))
+        line = json.dumps(_bounded_record(record), separators=(",", ":"), default=str)
+        self._submit("connections", line, len(line))
 
-    def _submit(self, kind: str, line: str) -> None:
+    def _submit(self, kind: str, record: str | tuple[bytes, dict[str, str]],
+                size: int) -> None:
+        with self._queued_lock:
+            if self.stats.bytes_queued + size > self.settings.queue_bytes:
+                self.stats.dropped[kind] += 1
+                return
+            self.stats.bytes_queued += size
         try:
-            self._queue.put_nowait((kind, line))
+            self._queue.put_nowait((kind, record, size))
         except queue.Full:
+            self._dequeued(size)
             self.stats.dropped[kind] += 1
+
+    def _dequeued(self, size: int) -> None:
+        with self._queued_lock:
+            self.stats.bytes_queued -= size
 
     # ------------------------------------------------------------------ writer thread
 
@@ -121,13 +149,19 @@ class ArchiveWriter:
             try:
                 item = self._queue.get(timeout=1.0)
             except queue.Empty:
-                item = ("", "")  # idle: a chance to rotate by age
+                item = ("", "", 0)  # idle: a chance to rotate by age
             self._go.wait()
             if item is None:
                 for kind in list(self._open):
                     self._complete(kind)
                 return
-            kind, line = item
+            kind, record, size = item
+            self._dequeued(size)
+            try:
+                line = record if isinstance(record, str) else to_otlp_json(*record)
+            except CodecError:  # it was decoded once already; count it if not
+                self.stats.dropped[kind] += 1
+                continue
             try:
                 if kind:
                     self._write(kind, line)
@@ -216,3 +250,13 @@ class ArchiveCollector(Collector):
                                   "removed to stay under the size bound", stats.files_deleted)
         yield GaugeMetricFamily("kproxy_archive_bytes", "Bytes of completed archive files",
                                 stats.bytes_on_disk)
+def _bounded_record(record: dict[str, Any]) -> dict[str, Any]:
+    """An inventory record with client-chosen strings shortened and tables capped."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, str):
+            value = bounded(value, MAX_FIELD_CHARS)
+        elif isinstance(value, dict) and len(value) > MAX_RECORD_ITEMS:
+            value = dict(list(value.items())[:MAX_RECORD_ITEMS])
+        out[key] = value
+    return out

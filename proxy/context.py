@@ -6,10 +6,7 @@ never writes them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import trio
+from dataclasses import dataclass
 
 from kproxy.backend_watch import BackendWatch
 from kproxy.config import Config
@@ -19,9 +16,6 @@ from kproxy.policies.connection import Handlers
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.session_events import SessionEvents
 from kproxy.upstream import UpstreamConnector
-
-# Local answers made off the event loop (telemetry decoding) share this many threads.
-OFFLOAD_THREADS = 2
 
 
 @dataclass
@@ -34,9 +28,3 @@ class SessionServices:
     connector: UpstreamConnector
     events: SessionEvents
     backend: BackendWatch
-    limiter: trio.CapacityLimiter = field(
-        default_factory=lambda: trio.CapacityLimiter(OFFLOAD_THREADS))
-
-    async def offload(self, work: Callable[[], bytes]) -> bytes:
-        """Run CPU-heavy work for a local answer in a worker thread."""
-        return await trio.to_thread.run_sync(work, limiter=self.limiter)

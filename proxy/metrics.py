@@ -10,7 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kproxy.codecs.api_keys import api_name
+from kproxy.codecs.api_keys import API_KEYS, api_name
+
+UNKNOWN_API = -1  # every api key the proxy does not know shares one label, "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +27,12 @@ class ApiMetrics:
 
 class ProxyMetrics:
     def api(self, api_key: int) -> ApiMetrics:
+        """The children for one API; a key a client made up gets no label of its own."""
+        if api_key not in API_KEYS:
+            api_key = UNKNOWN_API
         found = self._per_api.get(api_key)
         if found is None:
-            name = api_name(api_key)
+            name = api_name(api_key) if api_key != UNKNOWN_API else "unknown"
             found = self._per_api[api_key] = ApiMetrics(
                 self.requests.labels(name), self.request_bytes.labels(name),
                 self.response_bytes.labels(name), self.latency.labels(name))

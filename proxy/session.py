@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
+from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
 from kproxy.codecs.peek import peek_correlation_id, peek_request
@@ -37,7 +38,7 @@ from kproxy.memory import Charge
 from kproxy.policies import timeouts
 from kproxy.policies.connection import (
     Answer,
-    AnswerOffLoop,
+    AnswerLater,
     Close,
     ConnectionState,
     Forward,
@@ -228,10 +229,10 @@ class Session:
                                             now, _SIZE.pack(len(decision.body)) + decision.body)
                 answered_locally = True
                 continue
-            elif isinstance(decision, AnswerOffLoop):
+            elif isinstance(decision, AnswerLater):
                 slot = self.ordered.answer_later(peek.correlation_id, peek.api_key,
                                                  peek.api_version, now)
-                self._start(self._answer_off_loop, slot, decision)
+                self._start(self._answer_later, slot, decision)
                 continue
             else:
                 assert isinstance(decision, Close)
@@ -274,10 +275,24 @@ class Session:
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
 
-    async def _answer_off_loop(self, slot: Slot, decision: AnswerOffLoop) -> None:
-        body = await self.services.offload(decision.work)
-        slot.wire = _SIZE.pack(len(body)) + body
-        await self._flush()
+    async def _answer_later(self, slot: Slot, decision: AnswerLater) -> None:
+        """Make a local answer without holding up the connection, then send it in order."""
+        try:
+            body = await decision.reply
+            slot.wire = _SIZE.pack(len(body)) + body
+            await self._flush()
+        except CodecError as exc:  # a broker closes the connection on such a request
+            self.services.events.decode_error("request", api_keys.api_name(slot.api_key), exc,
+                                              self.conn)
+            self.close()
+        except (SessionClosed, PeerGone) as exc:
+            log.debug("session closed: %s", exc, extra={"fields": self.conn.log_fields()})
+            self.close()
+        except Exception:
+            self.services.metrics.internal_errors.inc()
+            log.exception("internal error making a local answer; closing the connection",
+                          extra={"fields": self.conn.log_fields()})
+            self.close()
 
     async def _wait_for_room(self) -> None:
         self.services.events.limit_hit("max_inflight", "client has max_inflight requests in "

@@ -4,6 +4,14 @@ GetTelemetrySubscriptions (71) and PushTelemetry (72) are answered here and neve
 reach the broker; the decisions are ``policies.telemetry``'s, the series
 ``policies.telemetry_store``'s. The answers go through the connection's ordered
 queue like any other response.
+
+A push that passed its checks is decoded where it cannot hold up other
+connections: decompression on a worker thread (the codecs release the
+interpreter lock), the bounded OTLP decode and the ingest on the event loop in
+small steps with a checkpoint between them, paced (``kproxy.pacing``) so that
+all of it together takes at most ``DECODE_SHARE`` of a core over time. One push is
+decoded at a time (``DECODE_CONCURRENCY``); the connection that sent it waits for
+its answer, the others do not wait at all.
 """
 
 from __future__ import annotations
@@ -12,25 +20,31 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
+import trio
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kproxy.archive import ArchiveWriter
 from kproxy.codecs import api_keys
+from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request, encode_response_parts
-from kproxy.codecs.otlp import to_otlp_json
+from kproxy.codecs.otlp_decode import MetricsDecoder
 from kproxy.codecs.peek import RequestPeek
 from kproxy.config import TelemetryConfig
 from kproxy.metrics import ProxyMetrics
+from kproxy.pacing import Pacer
 from kproxy.policies import telemetry as policy
+from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.connection import ConnectionState
-from kproxy.policies.telemetry_store import MetricsStore
+from kproxy.policies.telemetry_store import IngestStats, MetricsStore
 
 log = logging.getLogger("kproxy.telemetry")
 _COMPRESSION = {v: k for k, v in policy.COMPRESSION_NAMES.items()}
+DECODE_CONCURRENCY = 1  # pushes decompressed and decoded at once, proxy-wide
+DECODE_SHARE = 0.25  # of the time (one core), for all telemetry decoding together
 
 
 def _now_ms() -> int:
@@ -60,6 +74,16 @@ class TelemetryService:
             "kproxy_telemetry_points_unsupported", "Client metric points of a kind not "
             "exported (summaries, exponential histograms) or of a conflicting type",
             registry=r)
+        self.over_limit = Counter(
+            "kproxy_telemetry_pushes_over_limit", "Pushes refused because decoding them "
+            "would pass a bound, by bound: bytes (TELEMETRY_TOO_LARGE), decompressed_bytes, "
+            "points, metrics, fields, attributes, point_bytes, buckets (INVALID_RECORD)",
+            ["limit"], registry=r)
+        self.dropped_other = Counter(
+            "kproxy_telemetry_dropped", "Client metric data not kept because a bound was "
+            "reached, by bound: series_bytes, families, point_labels", ["bound"], registry=r)
+        self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
+        self.pacer = Pacer(DECODE_SHARE)
         r.register(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
         self.hostname = socket.gethostname()
@@ -76,9 +100,10 @@ class TelemetryService:
     @staticmethod
     def attributes(session: ConnectionState) -> dict[str, str]:
         info = session.info
-        return {"client_id": info.client_id or "",
-                "client_software_name": info.software_name or "",
-                "client_software_version": info.software_version or "",
+        return {"client_id": bounded(info.client_id or "", MAX_LABEL_CHARS),
+                "client_software_name": bounded(info.software_name or "", MAX_LABEL_CHARS),
+                "client_software_version": bounded(info.software_version or "",
+                                                   MAX_LABEL_CHARS),
                 "client_source_address": info.source_address,
                 "client_source_port": str(info.source_port)}
 
@@ -106,38 +131,84 @@ class TelemetryService:
                                      peek.correlation_id, reply)
 
     def handle_push(self, session: ConnectionState, peek: RequestPeek,
-                    frame: memoryview) -> bytes:
+                    frame: memoryview) -> bytes | Awaitable[bytes]:
+        """The answer at once when a check fails; else an awaitable that decodes first."""
         body = decode_request(frame).body
-        result = self.state.push(body["client_instance_id"], body["subscription_id"],
-                                 body["terminating"], body["compression_type"], body["metrics"],
-                                 self.attributes(session), self.clock_ms())
+        started = self.state.begin_push(
+            body["client_instance_id"], body["subscription_id"], body["terminating"],
+            body["compression_type"], body["metrics"], self.attributes(session),
+            self.clock_ms())
+        if isinstance(started, policy.PushResult):
+            return self._answer(session, peek, started)
+        return self._decode_and_answer(session, peek, started)
+
+    async def _decode_and_answer(self, session: ConnectionState, peek: RequestPeek,
+                                 pending: policy.PendingPush) -> bytes:
+        async with self.decode_limiter:
+            result = await self._decode(pending)
+            if not result.error_code:
+                await self._accept(session, result)
+        return self._answer(session, peek, result)
+
+    async def _decode(self, pending: policy.PendingPush) -> policy.PushResult:
+        try:
+            if pending.compression_type:
+                raw = await self.pacer.in_thread(lambda: self.state.decompress(pending))
+            else:
+                raw = pending.payload
+            decoder = MetricsDecoder(raw, self.state.settings.decode_limits)
+            await self.pacer.steps(decoder.steps())
+        except CodecError as exc:
+            return self.state.fail_push(pending, exc)
+        return self.state.finish_push(pending, raw, decoder.result)
+
+    async def _accept(self, session: ConnectionState, result: policy.PushResult) -> None:
+        inst = result.instance
+        if inst is None or not self.state.remembers(inst):
+            return  # forgotten while its push was decoded: nothing to keep it under
+        if result.raw and self.archive is not None:
+            # Turned into JSON on the archive's thread, not here.
+            self.archive.telemetry_payload(result.raw, _resource_attributes(inst.attrs,
+                                                                            self.hostname))
+        for listener in self.push_listeners:
+            listener(session, inst, result.raw)
+        if not result.metrics or not self.cfg.prometheus:
+            return
+        stats = IngestStats()
+        try:
+            await self.pacer.steps(self.store.ingest_steps(
+                inst.instance_id, inst.attrs, result.metrics,
+                self.state.settings.delta_temporality, stats))
+        finally:
+            self._count_ingest(stats)
+
+    def _count_ingest(self, stats: IngestStats) -> None:
+        if stats.dropped_by_cap:
+            self.dropped.inc(stats.dropped_by_cap)
+            now = time.monotonic()
+            if now - self._ratelog_last > 60:
+                self._ratelog_last = now
+                log.warning("client metric series cap reached; dropping new series",
+                            extra={"fields": {"max_series": self.store.max_series,
+                                              "dropped": stats.dropped_by_cap}})
+        if stats.unsupported or stats.type_conflicts:
+            self.unsupported.inc(stats.unsupported + stats.type_conflicts)
+        for bound, n in (("series_bytes", stats.dropped_by_bytes),
+                         ("families", stats.dropped_families),
+                         ("point_labels", stats.labels_dropped)):
+            if n:
+                self.dropped_other.labels(bound).inc(n)
+
+    def _answer(self, session: ConnectionState, peek: RequestPeek,
+                result: policy.PushResult) -> bytes:
         self.requests.labels("PushTelemetry", policy.ERROR_NAMES[result.error_code]).inc()
+        if result.limit:
+            self.over_limit.labels(result.limit).inc()
         if result.error_code:
             log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
                 "error": policy.ERROR_NAMES[result.error_code], **session.log_fields()}})
         else:
-            self.by_compression.labels(_COMPRESSION[body["compression_type"]]).inc()
-        if not result.error_code and result.instance is not None and result.raw and (
-                self.archive is not None):
-            self.archive.telemetry(to_otlp_json(result.raw, _resource_attributes(
-                result.instance.attrs, self.hostname)))
-        if not result.error_code and result.instance is not None:
-            for listener in self.push_listeners:
-                listener(session, result.instance, result.raw)
-        if not result.error_code and result.instance is not None and result.metrics and (
-                self.cfg.prometheus):
-            stats = self.store.ingest(result.instance.instance_id, result.instance.attrs,
-                                      result.metrics, self.state.settings.delta_temporality)
-            if stats.dropped_by_cap:
-                self.dropped.inc(stats.dropped_by_cap)
-                now = time.monotonic()
-                if now - self._ratelog_last > 60:
-                    self._ratelog_last = now
-                    log.warning("client metric series cap reached; dropping new series",
-                                extra={"fields": {"max_series": self.store.max_series,
-                                                  "dropped": stats.dropped_by_cap}})
-            if stats.unsupported or stats.type_conflicts:
-                self.unsupported.inc(stats.unsupported + stats.type_conflicts)
+            self.by_compression.labels(_COMPRESSION[result.compression_type]).inc()
         return encode_response_parts(api_keys.PUSH_TELEMETRY, peek.api_version,
                                      peek.correlation_id,
                                      {"throttle_time_ms": 0, "error_code": result.error_code})

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from kproxy.policies.addressing import PortMap
 from kproxy.policies.rewrite import Seen
-from kproxy.policies.rewrite_cache import CachedRewrite, RewriteCache, RewriteKey
+from kproxy.policies.rewrite_cache import (
+    ENTRY_OVERHEAD,
+    CachedRewrite,
+    RewriteCache,
+    RewriteKey,
+)
 
 PM = PortMap("proxy.local", 9192, 9192, 1, 3)
 
@@ -43,10 +48,20 @@ def test_least_recently_used_entries_leave_first_within_the_entry_bound() -> Non
 def test_bytes_are_bounded_and_huge_responses_are_not_kept() -> None:
     cache = RewriteCache(max_entries=100, max_bytes=4000)
     assert cache.max_entry_bytes == 1000
-    cache.put(key(b"x" * 900), value(b"y" * 200))  # 1,100 bytes: over the entry bound
+    cache.put(key(b"x" * 10), value(b"y" * 900))  # 900 + overhead: over the entry bound
     assert len(cache) == 0
     for i in range(10):
-        cache.put(key(bytes([i]) * 400), value(b"t" * 400))  # 800 bytes each
-    assert cache.size_bytes <= 4000 and len(cache) == 5
+        cache.put(key(bytes([i]) * 400), value(b"t" * 400))  # 400 + overhead each
+    assert cache.size_bytes <= 4000 and len(cache) == 4000 // (400 + ENTRY_OVERHEAD)
     assert cache.get(key(bytes([9]) * 400)) is not None
     assert cache.get(key(bytes([0]) * 400)) is None
+
+
+def test_the_backend_bytes_are_not_kept_as_the_key() -> None:
+    """Keys depend on what clients ask for; an entry costs its body, not its key."""
+    cache = RewriteCache(max_entries=1000, max_bytes=1_000_000)
+    for i in range(100):
+        cache.put(key(i.to_bytes(4, "big") * 25_000), value(b"t" * 10))  # 100 KB keys
+    assert len(cache) == 100
+    assert cache.size_bytes == 100 * (10 + ENTRY_OVERHEAD)
+    assert cache.get(key((7).to_bytes(4, "big") * 25_000)) is not None
