@@ -432,7 +432,12 @@ class Proxy:
         for s in list(self.ctx.sessions):
             s.stop_reading()
         with trio.move_on_after(self.config.drain_timeout) as timeout:
-            for s in list(self.ctx.sessions):
+            # Not a snapshot: a connection accepted while the listeners were closing
+            # (with reuse_port the kernel still routes new ones here until then) starts
+            # its session afterwards; it is drained too, not cut at the end.
+            while self.ctx.sessions:
+                s = next(iter(self.ctx.sessions))
+                s.stop_reading()
                 await s.done.wait()
         if timeout.cancelled_caught:
             log.warning("drain timeout: closing connections with requests still in flight",
