@@ -1,16 +1,34 @@
-# kproxy container image: runtime dependencies only (no test tools, no pyspark).
-FROM python:3.11-slim AS build
+# kproxy container image: Debian 12's own python3 and a virtualenv under /opt/kproxy with
+# the runtime dependencies only (no test tools, no pyspark).
+#
+# The base, debian:bookworm-slim, can be made offline from Debian's packages when no
+# registry is reachable (`make image` does it with debootstrap). Package indexes are
+# reached with whatever the builder mounts for the RUN steps (CA bundle, apt and pip
+# configuration); nothing of it is copied into a layer.
+FROM debian:bookworm-slim AS build
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/kproxy
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY codecs ./codecs
 COPY policies ./policies
 COPY pipeline ./pipeline
-RUN pip install --no-cache-dir --prefix=/install .
+RUN /opt/kproxy/bin/pip install --no-cache-dir --no-compile . \
+ && /opt/kproxy/bin/pip uninstall -y -q pip setuptools \
+ && /opt/kproxy/bin/python3 -m compileall -q /opt/kproxy/lib
 
-FROM python:3.11-slim
-RUN useradd --system --uid 10001 --no-create-home kproxy
-COPY --from=build /install /usr/local
+FROM debian:bookworm-slim
+# python3 only (no venv module, no pip): the virtualenv's interpreter is this one.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kproxy
+COPY --from=build /opt/kproxy /opt/kproxy
+ENV PATH=/opt/kproxy/bin:$PATH
 USER 10001
 # Inside a container, listen on every interface; set KPROXY_ADVERTISED_HOST to the name
 # clients use, and KPROXY_UPSTREAM to the backend's bootstrap servers.
@@ -19,5 +37,6 @@ ENV KPROXY_LISTEN=0.0.0.0:9092 \
     KPROXY_LOG_FORMAT=json
 # 9092: bootstrap; 9093+: one port per broker (base + node id - first); 9080: HTTP.
 EXPOSE 9092 9093 9080
-HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9080/healthz', timeout=2)"
+# The probe reads the HTTP port from KPROXY_HTTP, so it follows a changed port.
+HEALTHCHECK --interval=10s --timeout=3s CMD ["python3", "-c", "import os, urllib.request; port = os.environ.get('KPROXY_HTTP', ':9080').rpartition(':')[2]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
 ENTRYPOINT ["kproxy", "run"]
