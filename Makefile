@@ -24,13 +24,18 @@ run: $(DEV)
 test: $(DEV) lint test-tools bench-tools image-tools
 	$(BIN)/python -m pytest -q -rs
 
-# System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy.
+# System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
+# kubectl (Debian's kubernetes-client, unless one is installed) renders the kustomizations.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-tools:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing prometheus (Debian package) for the scrape test"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  echo "installing kubernetes-client (Debian package) for kubectl kustomize"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client; }
 
 # The container image: `docker build` when a Docker engine answers, else Debian's buildah
 # (storage driver vfs, isolation chroot); a base that cannot be pulled is made with

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import hashlib
+import io
 import json
 import os
 import re
@@ -36,9 +37,9 @@ REPO = "localhost/kproxy"
 INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md")
 INPUT_DIRS = ("proxy", "codecs", "policies", "pipeline")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-# Where the build sees the host's CA bundle: not at Debian's path, where the build's own
-# ca-certificates package (pulled in by python3-venv) must be able to write its bundle.
-BUILD_CA = "/run/kproxy-build-ca.crt"
+# Where the pip step sees the host's CA bundle (a build secret): not at Debian's path,
+# where the build's own ca-certificates package writes its bundle.
+BUILD_CA = "/run/secrets/kproxy-ca"
 # buildah and podman share containers-storage: every call names the same driver.
 STORAGE = ["--storage-driver", "vfs"]
 ENV = {**os.environ, "STORAGE_DRIVER": "vfs", "BUILDAH_ISOLATION": "chroot"}
@@ -180,62 +181,62 @@ def ensure_base() -> None:
 
 
 def pip_settings_from_env() -> dict[str, str]:
-    """PIP_* variables as pip.conf [global] keys (PIP_FIND_LINKS -> find-links)."""
+    """PIP_* variables as pip.conf keys (PIP_FIND_LINKS -> find-links)."""
     return {k[4:].lower().replace("_", "-"): v for k, v in os.environ.items()
             if k.startswith("PIP_") and k != "PIP_CONFIG_FILE"}
 
 
-def local_paths(values: list[str]) -> set[str]:
-    """Local files and folders a pip setting points at (find-links, file:// indexes)."""
-    out = set()
-    for value in values:
-        for word in value.split():
-            path = word
-            if word.startswith("file://"):
-                # A local index's pages link to files beside its simple/ folder.
-                path = os.path.dirname(word[len("file://"):].rstrip("/"))
-            if path.startswith("/") and os.path.exists(path):
-                out.add(os.path.realpath(path) if os.path.isfile(path) else path.rstrip("/"))
-    return out
+def is_local(word: str) -> bool:
+    return word.startswith(("file:", "/", "./", "~"))
 
 
-def host_mounts(scratch: Path) -> list[str]:
-    """-v options: the host's CA bundle, apt and pip configuration, read-only."""
-    mounts: dict[str, str] = {}
-    if os.path.exists(CA_BUNDLE):
-        mounts[CA_BUNDLE] = BUILD_CA
-    for path in ("/etc/apt/sources.list", "/etc/apt/sources.list.d",
-                 "/etc/apt/apt.conf.d", "/etc/apt/trusted.gpg.d", "/etc/xdg/pip"):
-        if os.path.exists(path):
-            mounts[path] = path
-    user_pip = Path.home() / ".config" / "pip"
-    if user_pip.is_dir():
-        mounts[str(user_pip)] = "/root/.config/pip"
-    # /etc/pip.conf with the PIP_* environment merged in: pip in the build reads it as
-    # the host's pip would read both.
-    merged = configparser.ConfigParser(interpolation=None)
-    files = [Path("/etc/pip.conf"), *Path("/etc/xdg/pip").glob("*.conf"),
-             *user_pip.glob("*.conf")]
-    for f in files:
-        if f.is_file():
-            merged.read(f)
-    global_pip = configparser.ConfigParser(interpolation=None)
-    if Path("/etc/pip.conf").is_file():
-        global_pip.read("/etc/pip.conf")
-    if not global_pip.has_section("global"):
-        global_pip.add_section("global")
-    for key, value in pip_settings_from_env().items():
-        global_pip.set("global", key, value)
-    if CA_BUNDLE in mounts:
-        global_pip.set("global", "cert", BUILD_CA)
+def pip_config() -> str:
+    """This host's pip configuration, as one file for the build's pip.
+
+    Read like pip reads it: global files, then the user's, then PIP_* variables, later
+    ones winning. What points at this host's disk (local indexes, find-links folders,
+    constraint files) is left out: the build has none of it and reaches the index over
+    the network, trusting what this host trusts (the CA bundle, mounted beside it).
+    """
+    merged: dict[str, dict[str, str]] = {}
+    files = [Path("/etc/xdg/pip/pip.conf"), Path("/etc/pip.conf"),
+             Path.home() / ".pip" / "pip.conf", Path.home() / ".config" / "pip" / "pip.conf"]
+    for path in files:
+        parser = configparser.ConfigParser(interpolation=None)
+        if path.is_file():
+            parser.read(path)
+        for section in parser.sections():
+            merged.setdefault(section, {}).update(parser.items(section))
+    merged.setdefault("global", {}).update(pip_settings_from_env())
+    out = configparser.ConfigParser(interpolation=None)
+    for section, items in merged.items():
+        out.add_section(section)
+        for key, value in items.items():
+            if key in ("cert", "client-cert"):
+                continue
+            kept = [w for w in value.split() if not is_local(w)]
+            if kept:
+                out.set(section, key, " ".join(kept))
+    out.set("global", "cert", BUILD_CA)
+    buf = io.StringIO()
+    out.write(buf)
+    return buf.getvalue()
+
+
+def build_secrets(scratch: Path) -> list[str]:
+    """--secret options: the CA bundle and the pip configuration, for the pip step only."""
     conf = scratch / "pip.conf"
-    with conf.open("w") as out:
-        global_pip.write(out)
-    mounts[str(conf)] = "/etc/pip.conf"
-    values = [v for c in (merged, global_pip) for s in c.sections() for _, v in c.items(s)]
-    for path in local_paths(values):
-        mounts.setdefault(path, path)
-    return [f"--volume={src}:{dst}:ro" for src, dst in sorted(mounts.items())]
+    conf.write_text(pip_config())
+    return [f"--secret=id=kproxy-ca,src={CA_BUNDLE}", f"--secret=id=kproxy-pip,src={conf}"]
+
+
+def apt_volumes() -> list[str]:
+    """-v options: this host's apt sources and settings, read-only, for the apt steps.
+
+    Mounted over the folders Debian's base already has, so no trace of them is left."""
+    return [f"--volume={p}:{p}:ro" for p in ("/etc/apt/sources.list.d", "/etc/apt/apt.conf.d",
+                                             "/etc/apt/trusted.gpg.d", "/etc/apt/sources.list")
+            if os.path.exists(p)]
 
 
 # ------------------------------------------------------------------ building
@@ -243,9 +244,19 @@ def host_mounts(scratch: Path) -> list[str]:
 
 def build_with_docker(tag: str) -> None:
     say(f"building {tag} with docker")
-    proc = run(["docker", "build", "-t", tag, str(ROOT)])
+    with tempfile.TemporaryDirectory(prefix="kproxy-build-") as scratch:
+        proc = run(["docker", "build", *build_secrets(Path(scratch)), "-t", tag, str(ROOT)])
     if proc.returncode:
         raise SystemExit(proc.returncode)
+
+
+def remove_older_builds(keep: str) -> None:
+    """Untag images of earlier inputs: vfs stores every layer whole, disks fill up."""
+    listed = json.loads(buildah("images", "--json", REPO).stdout or "[]")
+    for image in listed:
+        for name in image.get("names") or []:
+            if re.fullmatch(rf"{REPO}:[0-9a-f]{{16}}", name) and name != keep:
+                buildah("rmi", name)
 
 
 def build_with_buildah(tag: str) -> str:
@@ -261,12 +272,14 @@ def build_with_buildah(tag: str) -> str:
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="kproxy-build-") as scratch:
             cmd = ["buildah", *STORAGE, "bud", "--format", "docker", "--isolation", "chroot",
-                   "--layers", "--pull=false", *host_mounts(Path(scratch)), "-t", hashed,
+                   "--layers", "--pull=false", *apt_volumes(), *build_secrets(Path(scratch)),
+                   "-t", hashed,
                    "-f", str(ROOT / "Dockerfile"), str(ROOT)]
             proc = run(cmd)
         if proc.returncode:
             raise SystemExit(f"image: buildah bud failed ({proc.returncode})")
         say(f"built {hashed} in {time.monotonic() - started:.0f} s")
+        remove_older_builds(hashed)
     if tag != hashed:
         buildah("tag", hashed, tag)
     say(f"{tag}: {image_size(hashed)}")

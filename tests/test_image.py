@@ -116,6 +116,9 @@ def container(image: str, tansu: TansuBroker, tmp_path: Path) -> Iterator[Contai
         podman("rm", "-f", "-t", "0", name)
 
 
+# A cold build (base made with debootstrap, then both stages) takes minutes on a loaded
+# 2-core machine; it is paid once, later runs reuse the image while its inputs match.
+@pytest.mark.timeout(3600)
 def test_image_runs_proxies_drains_and_reports(container: Container, tmp_path: Path) -> None:
     from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
