@@ -252,7 +252,7 @@ def build_with_docker(tag: str) -> None:
 
 def remove_older_builds(keep: str) -> None:
     """Untag images of earlier inputs: vfs stores every layer whole, disks fill up."""
-    listed = json.loads(buildah("images", "--json", REPO).stdout or "[]")
+    listed = json.loads(buildah("images", "--json").stdout or "[]")
     for image in listed:
         for name in image.get("names") or []:
             if re.fullmatch(rf"{REPO}:[0-9a-f]{{16}}", name) and name != keep:
@@ -272,8 +272,8 @@ def build_with_buildah(tag: str) -> str:
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="kproxy-build-") as scratch:
             cmd = ["buildah", *STORAGE, "bud", "--format", "docker", "--isolation", "chroot",
-                   "--layers", "--pull=false", *apt_volumes(), *build_secrets(Path(scratch)),
-                   "-t", hashed,
+                   "--layers", "--force-rm", "--pull=false", *apt_volumes(),
+                   *build_secrets(Path(scratch)), "-t", hashed,
                    "-f", str(ROOT / "Dockerfile"), str(ROOT)]
             proc = run(cmd)
         if proc.returncode:
