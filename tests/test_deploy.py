@@ -100,6 +100,38 @@ def test_grace_period_covers_the_pre_stop_and_the_drain(tmp_path: Path) -> None:
             assert pod["terminationGracePeriodSeconds"] > wait + drain, name
 
 
+def image_environment() -> dict[str, str]:
+    """The KPROXY_* defaults the Dockerfile's runtime stage sets."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    final = text[text.rindex("\nFROM "):]
+    pairs = [w.split("=", 1) for ln in final.splitlines() if ln.startswith("ENV ")
+             for w in ln.split()[1:]]
+    return {k: v for k, v in pairs if k.startswith("KPROXY_")}
+
+
+@pytest.mark.parametrize("name", [n for n, d in DOCS if d["kind"] == "Deployment"])
+def test_deployments_run_the_documented_config_in_the_image(name: str,
+                                                             tmp_path: Path) -> None:
+    """What the proxy really runs with: the image's environment, the container's, the file
+    (the environment beats the file). A sidecar stays on loopback."""
+    path = name.split(":")[0]
+    cfg_doc = next(d for n, d in DOCS if d["kind"] == "ConfigMap" and n.startswith(path))
+    pod = dict(DOCS)[name]["spec"]["template"]["spec"]
+    container = next(c for c in pod.get("initContainers", []) + pod["containers"]
+                     if "kproxy" in c["image"])
+    env = {**image_environment(), **{e["name"]: e["value"] for e in container.get("env", [])}}
+    assert set(image_environment()) >= {"KPROXY_LISTEN", "KPROXY_HTTP"}
+    file = tmp_path / "kproxy.toml"
+    file.write_text(cfg_doc["data"]["kproxy.toml"])
+    cfg = config_mod.load(path=str(file), env=env)
+    if "sidecar" in path:
+        assert cfg.listen == ("127.0.0.1", 9092)
+    else:
+        assert cfg.listen == ("0.0.0.0", 9092)
+    ports = {p["containerPort"] for p in container["ports"]}
+    assert cfg.http[1] in ports
+
+
 def test_monitoring_schema_rejects_a_typo() -> None:
     bad = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
            "metadata": {"name": "x"}, "spec": {"selector": {"matchLabels": {"a": "b"}},
