@@ -48,7 +48,7 @@ def unavailable() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
+def image(pytestconfig: pytest.Config) -> str:
     reason = unavailable()
     if reason:
         pytest.skip(reason)
@@ -56,7 +56,9 @@ def image() -> str:
     proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "image_build.py"),
                            "--engine", "buildah"], capture_output=True, text=True,
                           timeout=3000, check=False)
-    print(f"\n{proc.stdout.strip()}\nimage: ready in {time.monotonic() - started:.1f} s")
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # shows in `make test`'s output too
+        print(f"\n{proc.stdout.strip()}\nimage: ready in {time.monotonic() - started:.1f} s")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return f"{image_build.REPO}:{image_build.inputs_hash()}"
 

@@ -181,7 +181,7 @@ def wait_until(predicate: object, timeout: float) -> bool:
 
 
 def test_replacing_the_proxy_process_by_process_drops_no_client(
-        tansu: TansuBroker, tmp_path: Path) -> None:
+        tansu: TansuBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = f"upgrade-{uuid.uuid4().hex[:6]}"
@@ -222,9 +222,10 @@ def test_replacing_the_proxy_process_by_process_drops_no_client(
         stored = read_back(bootstrap, topic, traffic.produced)
     produce_stall = longest_gap(traffic.delivered, started, ended)
     consume_stall = longest_gap(traffic.consumed_at, started, ended)
-    print(f"\nupgrade: {REPLACEMENTS} replacements, {traffic.produced} messages; longest "
-          f"stall: {produce_stall:.2f} s between deliveries, {consume_stall:.2f} s between "
-          f"consumed messages")
+    with capsys.disabled():  # the figure shows in `make test`'s output too
+        print(f"\nupgrade: {REPLACEMENTS} replacements, {traffic.produced} messages; "
+              f"longest stall: {produce_stall:.2f} s between deliveries, "
+              f"{consume_stall:.2f} s between consumed messages")
     assert traffic.failures == [] and traffic.errors == []
     assert len(traffic.delivered) == traffic.produced
     assert sorted(stored) == list(range(traffic.produced)), "lost or duplicated in the log"
