@@ -144,6 +144,15 @@ def test_image_runs_proxies_drains_and_reports(container: Container, tmp_path: P
     assert uids and uids.groups() == ("10001", "10001"), status
     assert "kproxy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
 
+    # Nothing the build borrowed from this host is left in the image: no pip
+    # configuration, no secrets folder, no CA bundle copy, and no pip at all.
+    leftovers = podman("exec", container.name, "python3", "-c",
+                       "import os; print([p for p in ('/etc/pip.conf', '/etc/xdg/pip', "
+                       "'/root/.config/pip', '/run/secrets', '/opt/kproxy/bin/pip') "
+                       "if os.path.lexists(p)])")
+    assert leftovers.stdout.strip() == "[]", leftovers.stdout + leftovers.stderr
+    assert not [e for e in config.get("Env") or [] if str(e).startswith("PIP_")]
+
     # Produce and consume through it with a real client; the client's telemetry is
     # pushed through kproxy and shows on /metrics.
     topic = f"img-{uuid.uuid4().hex[:6]}"
