@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-loaded test-tools lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
+.PHONY: run test test-loaded test-tools image image-tools image-test lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,17 +20,19 @@ $(DEV): pyproject.toml | $(BIN)/python
 run: $(DEV)
 	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP) --archive run/archive
 
-test: $(DEV) lint test-tools bench-tools
-	$(BIN)/python -m pytest -q
+# -rs: a skipped test says why (the container test needs buildah and podman).
+test: $(DEV) lint test-tools bench-tools image-tools
+	$(BIN)/python -m pytest -q -rs
 
 # The whole suite LOADED_RUNS times in a row while a CPU hog keeps every core busy:
 # a test whose verdict depends on the machine's load fails here.
 LOADED_RUNS ?= 3
-test-loaded: $(DEV) test-tools bench-tools
+test-loaded: $(DEV) test-tools bench-tools image-tools
 	$(BIN)/python tests/loaded/run_loaded.py --runs $(LOADED_RUNS)
 
 # System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
-# headless Chromium (Debian package) loads the status page.
+# headless Chromium (Debian package) loads the status page; kubectl (Debian's
+# kubernetes-client, unless one is installed) renders the kustomizations.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-tools:
 	@command -v prometheus >/dev/null 2>&1 || { \
@@ -41,6 +43,33 @@ test-tools:
 	  echo "installing chromium (Debian package) for the status page test"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  echo "installing kubernetes-client (Debian package) for kubectl kustomize"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client; }
+
+# The container image: `docker build` when a Docker engine answers, else Debian's buildah
+# (storage driver vfs, isolation chroot); a base that cannot be pulled is made with
+# debootstrap. Tagged $(IMAGE) and localhost/kproxy:<hash of its inputs>; an image
+# whose inputs are unchanged is not rebuilt.
+IMAGE ?= localhost/kproxy:latest
+image:
+	@docker info >/dev/null 2>&1 || $(MAKE) --no-print-directory image-tools
+	$(PYTHON) deploy/image_build.py --tag $(IMAGE)
+
+# Build (or reuse) the image and run it for real in front of a broker: produce, consume,
+# HEALTHCHECK, uid, SIGTERM drain, client telemetry on /metrics. Also part of `make test`.
+image-test: $(DEV) image-tools
+	$(BIN)/python -m pytest -q -rs -s tests/test_image.py
+
+# buildah builds, podman runs (with runc: crun refuses hybrid cgroups), debootstrap makes
+# the base: Debian packages, installed once.
+image-tools:
+	@missing=""; for t in buildah podman runc debootstrap; do \
+	  command -v $$t >/dev/null 2>&1 || [ -x /usr/sbin/$$t ] || missing="$$missing $$t"; done; \
+	[ -z "$$missing" ] || { echo "installing$$missing (Debian packages) for the image"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; }
 
 # mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
 # symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.

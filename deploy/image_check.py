@@ -1,8 +1,8 @@
 """`make image-check`: what can be proven about the container image without a Docker engine.
 
-1. The Dockerfile's structure: multi-stage, a slim Python base, a non-root user, a
-   HEALTHCHECK on /healthz, `kproxy run` as the entrypoint, the documented ports, and
-   no test or pipeline dependencies.
+1. The Dockerfile's structure: multi-stage, a slim Python base (or slim Debian with its
+   own python3), a non-root user, a HEALTHCHECK on /healthz, `kproxy run` as the
+   entrypoint, the documented ports, and no test or pipeline dependencies.
 2. The runtime install: a clean virtual environment gets exactly what the image
    installs (`pip install .`, no extras); then `kproxy --help`, and a short smoke test
    of `kproxy run` in front of a real broker (the tansu binary is passed in with
@@ -40,8 +40,11 @@ def dockerfile_problems(text: str) -> list[str]:
     problems = []
     if len(froms) < 2:
         problems.append("not multi-stage: expected a build stage and a runtime stage")
-    if froms and not re.search(r"python:\S*slim", froms[-1]):
-        problems.append(f"runtime base is not a slim Python image: {froms[-1]}")
+    if froms and not re.search(r"(python|debian):\S*slim", froms[-1]):
+        problems.append(f"runtime base is not a slim Python or Debian image: {froms[-1]}")
+    if froms and "debian:" in froms[-1] and not any(
+            re.search(r"apt-get install[^\n]*\bpython3\b", ln) for ln in final):
+        problems.append("the Debian runtime stage does not install Debian's python3")
     users = [ln.split(None, 1)[1] for ln in final if ln.upper().startswith("USER ")]
     if not users or users[-1] in ("root", "0"):
         problems.append("the runtime stage does not switch to a non-root USER")

@@ -98,7 +98,12 @@ async def drain(proxy: Proxy) -> None:
     for s in list(sessions):
         s.stop_reading()
     with trio.move_on_after(proxy.config.drain_timeout) as timeout:
-        for s in list(sessions):
+        # Not a snapshot: a connection accepted while the listeners were closing
+        # (with reuse_port the kernel still routes new ones here until then) starts
+        # its session afterwards; it is drained too, not cut at the end.
+        while sessions:
+            s = next(iter(sessions))
+            s.stop_reading()
             await s.done.wait()
     if timeout.cancelled_caught:
         log.warning("drain timeout: closing connections with requests still in flight",

@@ -21,7 +21,8 @@ from kproxy import config as config_mod
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
 SCHEMAS = json.loads((Path(__file__).parent / "schemas" / "monitoring-coreos-v1.json").read_text())
-MANIFESTS = sorted(KUBE.rglob("*.yaml"))
+MANIFESTS = sorted(p for p in KUBE.rglob("*.yaml") if p.name != "kustomization.yaml")
+OVERLAYS = sorted(p.parent for p in KUBE.rglob("kustomization.yaml"))
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
@@ -53,6 +54,82 @@ def test_manifest_validates(name: str, doc: dict[str, Any]) -> None:
         jsonschema.validate(doc, monitoring_schema(doc["kind"]))
     else:
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
+
+
+def kubectl() -> str:
+    binary = shutil.which("kubectl")
+    assert binary, "kubectl (Debian package kubernetes-client) is installed by `make test`"
+    return binary
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_kustomize_renders_a_valid_overlay(overlay: Path) -> None:
+    proc = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rendered = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    kinds = {d["kind"] for d in rendered}
+    assert {"ConfigMap", "Deployment", "PodDisruptionBudget"} <= kinds
+    for doc in rendered:
+        kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    pods = [d["spec"]["template"]["spec"] for d in rendered if d["kind"] == "Deployment"]
+    kproxy = [c for p in pods for c in p.get("initContainers", []) + p["containers"]
+              if "kproxy" in c["image"]]
+    assert len(kproxy) == 1
+    # The image's user, and its configuration file mounted where `--config` reads it.
+    assert kproxy[0]["securityContext"]["runAsUser"] == 10001
+    assert "/etc/kproxy/kproxy.toml" in kproxy[0]["args"]
+    assert {"readinessProbe", "livenessProbe"} <= set(kproxy[0])
+
+
+def test_grace_period_covers_the_pre_stop_and_the_drain(tmp_path: Path) -> None:
+    for name, doc in DOCS:
+        if doc["kind"] != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        assert doc["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0,
+                                                            "maxSurge": 1}, name
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            if "kproxy" not in c["image"]:
+                continue
+            pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("exec", {})
+            wait = float(pre_stop["command"][1]) if pre_stop else 0.0
+            cfg = next(d for n, d in DOCS if d["kind"] == "ConfigMap" and n.split(":")[0]
+                       == name.split(":")[0])
+            drain = load_toml_config(cfg["data"]["kproxy.toml"], tmp_path).drain_timeout
+            assert pod["terminationGracePeriodSeconds"] > wait + drain, name
+
+
+def image_environment() -> dict[str, str]:
+    """The KPROXY_* defaults the Dockerfile's runtime stage sets."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    final = text[text.rindex("\nFROM "):]
+    pairs = [w.split("=", 1) for ln in final.splitlines() if ln.startswith("ENV ")
+             for w in ln.split()[1:]]
+    return {k: v for k, v in pairs if k.startswith("KPROXY_")}
+
+
+@pytest.mark.parametrize("name", [n for n, d in DOCS if d["kind"] == "Deployment"])
+def test_deployments_run_the_documented_config_in_the_image(name: str,
+                                                             tmp_path: Path) -> None:
+    """What the proxy really runs with: the image's environment, the container's, the file
+    (the environment beats the file). A sidecar stays on loopback."""
+    path = name.split(":")[0]
+    cfg_doc = next(d for n, d in DOCS if d["kind"] == "ConfigMap" and n.startswith(path))
+    pod = dict(DOCS)[name]["spec"]["template"]["spec"]
+    container = next(c for c in pod.get("initContainers", []) + pod["containers"]
+                     if "kproxy" in c["image"])
+    env = {**image_environment(), **{e["name"]: e["value"] for e in container.get("env", [])}}
+    assert set(image_environment()) >= {"KPROXY_LISTEN", "KPROXY_HTTP"}
+    file = tmp_path / "kproxy.toml"
+    file.write_text(cfg_doc["data"]["kproxy.toml"])
+    cfg = config_mod.load(path=str(file), env=env)
+    if "sidecar" in path:
+        assert cfg.listen == ("127.0.0.1", 9092)
+    else:
+        assert cfg.listen == ("0.0.0.0", 9092)
+    ports = {p["containerPort"] for p in container["ports"]}
+    assert cfg.http[1] in ports
 
 
 def test_monitoring_schema_rejects_a_typo() -> None:
