@@ -22,6 +22,7 @@ import logging
 import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 import trio
 
@@ -44,7 +45,7 @@ from kproxy.policies.connection import (
     Forward,
 )
 from kproxy.policies.rebootstrap import Action
-from kproxy.transport import Buffer, Transport, coalesce, transport_for
+from kproxy.transport import Buffer, Transport, coalesce, copy_exactly, transport_for
 
 log = logging.getLogger("kproxy.session")
 _SIZE = struct.Struct(">i")
@@ -105,10 +106,13 @@ class Session:
                         await trio.aclose_forcefully(stream)
             self.done.set()
 
-    async def _guard(self, direction: Callable[[], Awaitable[None]]) -> None:
-        """Run one direction; whatever ends it ends the whole session, never the proxy."""
+    async def _guard(self, work: Callable[..., Awaitable[None]], *args: object,
+                     ends_session: bool = True) -> None:
+        """Run one task of the session; a failure ends the session, never the proxy."""
         try:
-            await direction()
+            await work(*args)
+            if not ends_session:
+                return
         except SessionClosed as exc:
             log.debug("session closed: %s", exc, extra={"fields": self.conn.log_fields()})
         except PeerGone as exc:
@@ -117,8 +121,7 @@ class Session:
             self.services.metrics.internal_errors.inc()
             log.exception("internal error in a session; closing it",
                           extra={"fields": self.conn.log_fields()})
-        finally:
-            self.close()
+        self.close()
 
     def stop_reading(self) -> None:
         """Drain: take no new requests; the session ends once in-flight ones are answered."""
@@ -232,7 +235,7 @@ class Session:
             elif isinstance(decision, AnswerLater):
                 slot = self.ordered.answer_later(peek.correlation_id, peek.api_key,
                                                  peek.api_version, now)
-                self._start(self._answer_later, slot, decision)
+                self._start(self._answer_later, slot, decision, ends_session=False)
                 continue
             else:
                 assert isinstance(decision, Close)
@@ -269,30 +272,24 @@ class Session:
         self.upstream, address = connected
         self.conn.connected(address)
         self._upstream_io = transport_for(self.upstream)
-        self._start(self._guard, self._responses)
+        self._start(self._responses)
 
-    def _start(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+    def _start(self, fn: Callable[..., Awaitable[None]], *args: object,
+               ends_session: bool = True) -> None:
+        """Start a task of the session under ``_guard``."""
         assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)
+        self._nursery.start_soon(partial(self._guard, fn, *args, ends_session=ends_session))
 
     async def _answer_later(self, slot: Slot, decision: AnswerLater) -> None:
         """Make a local answer without holding up the connection, then send it in order."""
         try:
             body = await decision.reply
-            slot.wire = _SIZE.pack(len(body)) + body
-            await self._flush()
         except CodecError as exc:  # a broker closes the connection on such a request
             self.services.events.decode_error("request", api_keys.api_name(slot.api_key), exc,
                                               self.conn)
-            self.close()
-        except (SessionClosed, PeerGone) as exc:
-            log.debug("session closed: %s", exc, extra={"fields": self.conn.log_fields()})
-            self.close()
-        except Exception:
-            self.services.metrics.internal_errors.inc()
-            log.exception("internal error making a local answer; closing the connection",
-                          extra={"fields": self.conn.log_fields()})
-            self.close()
+            raise SessionClosed(str(exc)) from None
+        slot.wire = _SIZE.pack(len(body)) + body
+        await self._flush()
 
     async def _wait_for_room(self) -> None:
         self.services.events.limit_hit("max_inflight", "client has max_inflight requests in "
@@ -373,17 +370,13 @@ class Session:
             await self._send(self._client_io, list(parts))
             del parts
             charge.settle(len(buf))
-            while rest:
-                room = memoryview(buf)[: min(rest, len(buf))]
-                n = upstream.receive_into_now(room)
-                if n is None:
-                    n = await upstream.receive_into(room)
-                if not n:
-                    self.services.events.upstream_lost(self.conn, "broker closed the "
-                                                       "connection mid-response")
-                    raise PeerGone("upstream closed the connection mid-response")
-                rest -= n
-                await self._send(self._client_io, [room[:n]])
+            try:
+                await copy_exactly(upstream, rest, buf,
+                                   lambda piece: self._send(self._client_io, [piece]))
+            except PeerGone:
+                self.services.events.upstream_lost(self.conn, "broker closed the connection "
+                                                   "mid-response")
+                raise
         self.last_activity = trio.current_time()
         self._account_sent(slot, size)
         self._room.set()

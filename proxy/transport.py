@@ -21,7 +21,7 @@ exception, ``PeerGone``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -207,6 +207,21 @@ class SocketTransport(Transport):
             except OSError as exc:
                 raise _gone(exc) from exc
             parts = _consume(parts, sent)
+
+
+async def copy_exactly(src: Transport, n: int, buf: bytearray,
+                       send: Callable[[memoryview], Awaitable[None]]) -> None:
+    """Receive exactly ``n`` bytes from ``src`` through ``buf``, sending each piece on
+    before receiving the next (cut-through: one buffer, whatever ``n`` is)."""
+    while n:
+        room = memoryview(buf)[: min(n, len(buf))]
+        got = src.receive_into_now(room)
+        if got is None:
+            got = await src.receive_into(room)
+        if not got:
+            raise PeerGone("closed in the middle of a frame")
+        n -= got
+        await send(room[:got])
 
 
 def _gone(exc: OSError) -> PeerGone:
