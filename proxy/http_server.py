@@ -13,6 +13,9 @@ log = logging.getLogger("kproxy.http")
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 16 * 1024
 READ_TIMEOUT = 10.0
+# Connections served at once; more are closed at once. Scrapers and probes keep one or
+# two each, and the open-file budget (kproxy.admission) reserves this many.
+MAX_CONNECTIONS = 32
 
 
 @dataclass
@@ -37,8 +40,19 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 class HttpServer:
     def __init__(self, routes: dict[str, Handler]) -> None:
         self.routes = routes
+        self.active = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        if self.active >= MAX_CONNECTIONS:
+            await trio.aclose_forcefully(stream)
+            return
+        self.active += 1
+        try:
+            await self._handle(stream)
+        finally:
+            self.active -= 1
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
         try:
             with trio.fail_after(READ_TIMEOUT):

@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
+from kproxy.admission import Admission
 from kproxy.archive import KINDS, ArchiveSettings, ArchiveWriter
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
@@ -63,7 +64,7 @@ from kproxy.policies.rewrite import (
 )
 from kproxy.policies.rewrite_cache import CachedRewrite, RewriteCache, RewriteKey
 from kproxy.policies.topology import BackendView, Change
-from kproxy.session import LocalHandler, Session, SessionClosed, peer_of
+from kproxy.session import LocalHandler, Session, SessionClosed
 from kproxy.telemetry import TelemetryService
 from kproxy.tls import HandshakeFailed, accept_tls, server_context, upstream_context
 from kproxy.upstream import BootstrapRotation, UpstreamUnavailable, connect
@@ -358,10 +359,7 @@ class Proxy:
             self.ctx.served_apis = {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0),
                                     api_keys.PUSH_TELEMETRY: (0, 0)}
         self.server_tls = server_context(config)
-        # Connections admitted and not yet closed (TLS handshakes included), in all and
-        # by source address, for the connection limits.
-        self.open_connections = 0
-        self.connections_by_source: dict[str, int] = {}
+        self.admission = Admission(self.ctx)  # connection limits, counted at accept
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
         self._broker_scopes: dict[int, trio.CancelScope] = {}
@@ -376,6 +374,7 @@ class Proxy:
     async def run(self, *, handle_signals: bool = True,
                   task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
+        await self.admission.plan(cfg)
         if self.ctx.archive is not None:
             self.ctx.archive.start()
         try:
@@ -511,20 +510,13 @@ class Proxy:
 
     async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
                      scope: trio.CancelScope) -> None:
-        async def handle(stream: trio.SocketStream) -> None:
-            peer = peer_of(stream)
-            if not self._admit(peer[0], name):
-                await trio.aclose_forcefully(stream)
-                return
-            try:
-                await self._serve_one(stream, peer, name, node_id)
-            finally:
-                self._release(peer[0])
+        async def handle(stream: trio.SocketStream, peer: tuple[str, int], name: str) -> None:
+            await self._serve_one(stream, peer, name, node_id)
 
+        assert self._sessions_nursery is not None
         with scope:
             try:
-                await trio.serve_listeners(handle, listeners,
-                                           handler_nursery=self._sessions_nursery)
+                await self.admission.serve(listeners, name, handle, self._sessions_nursery)
             finally:
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)
@@ -538,8 +530,9 @@ class Proxy:
                                                        self.config.tls_handshake_timeout)
             except HandshakeFailed as exc:
                 limit = "tls_handshake_timeout" if exc.timed_out else None
-                self._refuse(limit, "tls_handshake", "TLS handshake failed; connection closed",
-                             peer, listener=name, error=str(exc))
+                self.admission.refuse(limit, "tls_handshake",
+                                      "TLS handshake failed; connection closed",
+                                      peer, listener=name, error=str(exc))
                 self.ctx.metrics.tls_handshake_failures.labels(name).inc()
                 await trio.aclose_forcefully(stream)
                 return
@@ -547,9 +540,9 @@ class Proxy:
             if sni is not None:
                 node_id = sni.node_for(server_name)
                 if node_id is not None and node_id not in self.ctx.view.nodes:
-                    self._refuse(None, "sni", "TLS server name names no known broker; "
-                                 "connection closed", peer, listener=name,
-                                 server_name=server_name)
+                    self.admission.refuse(None, "sni", "TLS server name names no known "
+                                          "broker; connection closed", peer, listener=name,
+                                          server_name=server_name)
                     await trio.aclose_forcefully(client)
                     return
                 name = f"broker-{node_id}" if node_id is not None else name
@@ -559,38 +552,6 @@ class Proxy:
             await session.run()
         finally:
             self.ctx.sessions.discard(session)
-
-    def _admit(self, source: str, listener: str) -> bool:
-        """Count the connection in, or refuse it when a connection limit is reached."""
-        cfg = self.config
-        if self.open_connections >= cfg.max_connections:
-            self._refuse("max_connections", "max_connections", "connection limit reached; "
-                         "new connection closed", (source, 0), listener=listener,
-                         maximum=cfg.max_connections)
-            return False
-        held = self.connections_by_source.get(source, 0)
-        if held >= cfg.max_connections_per_source:
-            self._refuse("max_connections_per_source", "max_connections_per_source",
-                         "per-source connection limit reached; new connection closed",
-                         (source, 0), listener=listener, maximum=cfg.max_connections_per_source)
-            return False
-        self.connections_by_source[source] = held + 1
-        self.open_connections += 1
-        return True
-
-    def _release(self, source: str) -> None:
-        self.open_connections -= 1
-        left = self.connections_by_source.get(source, 1) - 1
-        if left > 0:
-            self.connections_by_source[source] = left
-        else:
-            self.connections_by_source.pop(source, None)
-
-    def _refuse(self, limit_name: str | None, key: str, msg: str, peer: tuple[str, int],
-                **fields: object) -> None:
-        if limit_name is not None:
-            self.ctx.metrics.limits_hit.labels(limit_name).inc()
-        self.ctx.ratelog(logging.WARNING, key, msg, client=f"{peer[0]}:{peer[1]}", **fields)
 
     async def _sync_broker_listeners(self) -> None:
         """One listener per known in-range broker; closed when the broker leaves."""

@@ -57,7 +57,7 @@ async def test_connection_limits_global_and_per_source(
     # Closing one frees its place.
     await first[0].aclose()
     with trio.fail_after(5):
-        while proxy.connections_by_source.get("127.0.0.1", 0) > 1:
+        while proxy.admission.by_source.get("127.0.0.1", 0) > 1:
             await trio.sleep(0.05)
     again = await RawClient.connect(port)
     assert await answered(again)
@@ -76,7 +76,7 @@ async def test_global_limit_counts_every_source(nursery: trio.Nursery) -> None:
     c = await RawClient.connect(port, source="127.0.0.3")
     assert await closed_by_proxy(c)
     assert await limit(proxy, "max_connections") == 1
-    assert proxy.connections_by_source == {"127.0.0.1": 1, "127.0.0.2": 1}
+    assert proxy.admission.by_source == {"127.0.0.1": 1, "127.0.0.2": 1}
 
 
 async def test_first_request_timeout_closes_silent_and_dribbling_clients(
