@@ -108,6 +108,19 @@ async def addresses(host: str) -> int:
     return max(1, len({info[0] for info in infos}))
 
 
+def already_gone(stream: trio.SocketStream) -> bool:
+    """True when the client closed or reset the connection before sending anything."""
+    probe = socket.socket(fileno=stream.socket.fileno())
+    try:
+        return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False  # open, nothing sent yet: the usual case
+    except OSError:
+        return True  # reset
+    finally:
+        probe.detach()
+
+
 class Admission:
     """Owns the count of admitted connections, in all and by source address."""
 
@@ -216,6 +229,11 @@ class Admission:
                 if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
                     raise
                 await self._out_of_descriptors(exc, name)
+                continue
+            if already_gone(stream):
+                # Closed or reset by the client before it sent a byte (a port scan, a
+                # health check, churn): it needs no session and no upstream connection.
+                stream.socket.close()
                 continue
             peer = peer_of(stream)
             if not self.admit(peer[0], name):
