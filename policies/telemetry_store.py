@@ -22,6 +22,10 @@ Labels = tuple[tuple[str, str], ...]
 INSTANCE_LABELS = ("client_instance_id", "client_id", "client_software_name",
                    "client_software_version")
 _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+# Label names and values come from clients: cut short, so that the series cap also
+# bounds the bytes of a scrape (50,000 series of 30 KB client ids would be 1.5 GB).
+MAX_LABEL_NAME = 128
+MAX_LABEL_VALUE = 256
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet sends the same few hundred names
@@ -32,7 +36,7 @@ def metric_name(prefix: str, otlp_name: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def label_name(key: str) -> str:
-    name = _BAD_CHARS.sub("_", key)
+    name = _BAD_CHARS.sub("_", key[:MAX_LABEL_NAME])
     if name[:1].isdigit() or name.startswith("__"):
         name = "attr_" + name.lstrip("_")
     return "attr_" + name if name in INSTANCE_LABELS else name
@@ -41,7 +45,7 @@ def label_name(key: str) -> str:
 def label_value(value: otlp.AttrValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)  # ints (librdkafka's node.id) keep their value as digits
+    return str(value)[:MAX_LABEL_VALUE]  # ints (librdkafka's node.id) keep their digits
 
 
 @dataclass
@@ -93,7 +97,7 @@ class MetricsStore:
                resources: list[otlp.ResourceMetrics], delta: bool) -> IngestStats:
         stats = IngestStats()
         own = self.series.setdefault(instance_id, {})
-        base = tuple((k, instance_labels.get(k, "")) for k in INSTANCE_LABELS)
+        base = tuple((k, instance_labels.get(k, "")[:MAX_LABEL_VALUE]) for k in INSTANCE_LABELS)
         for rm in resources:
             for scope in rm.scopes:
                 for metric in scope.metrics:

@@ -24,6 +24,9 @@ class HttpResponse:
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
     headers: list[tuple[str, str]] = field(default_factory=list)
+    # A large body in pieces, sent one after another instead of joined (a /metrics
+    # of tens of MB is never copied into one string on the event loop).
+    parts: list[bytes] | None = None
 
 
 @dataclass
@@ -106,11 +109,18 @@ class HttpServer:
 
     async def _send(self, conn: h11.Connection, stream: trio.SocketStream, resp: HttpResponse,
                     head: bool = False) -> None:
+        parts = resp.parts if resp.parts is not None else [resp.body]
         headers = [("content-type", resp.content_type),
-                   ("content-length", str(len(resp.body))), ("connection", "close"),
-                   *resp.headers]
+                   ("content-length", str(sum(len(p) for p in parts))),
+                   ("connection", "close"), *resp.headers]
         data = conn.send(h11.Response(status_code=resp.status, headers=headers)) or b""
-        if not head:
-            data += conn.send(h11.Data(data=resp.body)) or b""
-        data += conn.send(h11.EndOfMessage()) or b""
+        if head:
+            parts = []
+        elif len(parts) == 1 and len(parts[0]) < 65536:  # small: one write
+            data += conn.send(h11.Data(data=parts[0])) or b""
+            parts = []
         await stream.send_all(data)
+        for part in parts:
+            for chunk in conn.send_with_data_passthrough(h11.Data(data=part)) or []:
+                await stream.send_all(chunk)
+        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")

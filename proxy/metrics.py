@@ -1,13 +1,28 @@
-"""The proxy's own Prometheus metrics. Labels are bounded: API name, listener, outcome."""
+"""The proxy's own Prometheus metrics. Labels are bounded: API name, listener, outcome.
+
+No label value comes straight from a client: an API key outside the known table is
+one ``unknown`` value (a client choosing keys would otherwise mint up to 65,536
+series), listeners are per broker in the node id range, the rest are fixed sets.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kproxy.codecs.api_keys import api_name
+from kproxy.codecs.api_keys import API_KEYS, api_name
+
+if TYPE_CHECKING:
+    from kproxy.exposition import PieceSource
+
+UNKNOWN_API = "unknown"
+
+
+def api_label(api_key: int) -> str:
+    """The ``api`` label of a request: its name, or ``unknown`` outside the table."""
+    return api_name(api_key) if api_key in API_KEYS else UNKNOWN_API
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,15 +39,19 @@ class ProxyMetrics:
     def api(self, api_key: int) -> ApiMetrics:
         found = self._per_api.get(api_key)
         if found is None:
-            name = api_name(api_key)
-            found = self._per_api[api_key] = ApiMetrics(
-                self.requests.labels(name), self.request_bytes.labels(name),
-                self.response_bytes.labels(name), self.latency.labels(name))
+            name = api_label(api_key)
+            found = ApiMetrics(self.requests.labels(name), self.request_bytes.labels(name),
+                               self.response_bytes.labels(name), self.latency.labels(name))
+            if name != UNKNOWN_API:  # the cache stays as small as the table
+                self._per_api[api_key] = found
         return found
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._per_api: dict[int, ApiMetrics] = {}
         self.registry = registry or CollectorRegistry()
+        # Sources too large to render in one go (client telemetry): kproxy.exposition
+        # renders them in pieces, between which the relay runs.
+        self.piece_sources: list[PieceSource] = []
         r = self.registry
         self.connections_active = Gauge(
             "kproxy_client_connections", "Client connections open now", ["listener"],

@@ -6,7 +6,6 @@ and the hooks that decode and rewrite. ``Proxy.run`` wires it to sockets.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import logging
 import signal
@@ -18,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
 from kproxy.admission import Admission
@@ -38,6 +35,7 @@ from kproxy.codecs.messages import (
 from kproxy.codecs.peek import RequestPeek
 from kproxy.config import Config, ConfigError
 from kproxy.discovery import discover
+from kproxy.exposition import Exposition
 from kproxy.http_server import Handler, HttpRequest, HttpResponse, HttpServer
 from kproxy.inflight import Slot
 from kproxy.listeners import open_listeners
@@ -360,6 +358,7 @@ class Proxy:
                                     api_keys.PUSH_TELEMETRY: (0, 0)}
         self.server_tls = server_context(config)
         self.admission = Admission(self.ctx)  # connection limits, counted at accept
+        self.exposition = Exposition(self.ctx.metrics.registry, self.ctx.metrics.piece_sources)
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
         self._broker_scopes: dict[int, trio.CancelScope] = {}
@@ -631,7 +630,7 @@ class Proxy:
                                 f"{why}\n".encode())
 
         async def metrics(req: HttpRequest) -> HttpResponse:
-            return metrics_response(self.ctx.metrics.registry, req.headers)
+            return await self.exposition.response(req.headers)
 
         async def rebootstrap(req: HttpRequest) -> HttpResponse:
             if not self.config.admin:
@@ -672,17 +671,3 @@ def _fingerprint(path: str) -> bytes | None:
             return hashlib.sha256(fh.read()).digest()
     except OSError:
         return None
-
-
-def metrics_response(registry: CollectorRegistry, headers: dict[str, str]) -> HttpResponse:
-    """Prometheus text, or OpenMetrics when asked for; gzip when accepted."""
-    if "application/openmetrics-text" in headers.get("accept", ""):
-        body = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
-        ctype = openmetrics.CONTENT_TYPE_LATEST
-    else:
-        body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-    extra = []
-    if "gzip" in headers.get("accept-encoding", ""):
-        body = gzip.compress(body, compresslevel=5)
-        extra.append(("content-encoding", "gzip"))
-    return HttpResponse(200, body, ctype, extra)
