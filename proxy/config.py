@@ -215,7 +215,8 @@ OPTIONS: tuple[Option, ...] = (
 LIMIT_OPTIONS: tuple[Option, ...] = (
     Option("max_connections", parse_positive_int, 10_000,
            "client connections open at once, over all listeners; more are closed at accept "
-           "(Kafka's max.connections)", "N"),
+           "(Kafka's max.connections); lowered at start to what the open-file limit holds "
+           "at two descriptors per connection", "N"),
     Option("max_connections_per_source", parse_positive_int, 1_000,
            "client connections open at once from one source address "
            "(Kafka's max.connections.per.ip)", "N"),
