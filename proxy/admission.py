@@ -110,7 +110,10 @@ async def addresses(host: str) -> int:
 
 def already_gone(stream: trio.SocketStream) -> bool:
     """True when the client closed or reset the connection before sending anything."""
-    probe = socket.socket(fileno=stream.socket.fileno())
+    try:
+        probe = socket.socket(fileno=stream.socket.fileno())
+    except OSError:
+        return True  # not a usable socket any more
     try:
         return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:

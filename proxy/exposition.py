@@ -7,7 +7,7 @@ label bounded) are rendered at once, and the large sources (client telemetry) ha
 out their series in small pieces that are rendered, and gzip-compressed when asked,
 one slice of at most ``SLICE_SECONDS`` at a time with a checkpoint in between, so
 a request arriving during a scrape waits at most one slice, and the scrape never
-takes more than about a third of the core (``REST_SECONDS``).
+takes more than about a fifth of the core (``REST_SECONDS``).
 
 Why not a worker thread: rendering is pure Python and holds the GIL, so the loop
 would wait for it up to the interpreter's switch interval (5 ms) at every wake-up,
@@ -22,6 +22,7 @@ is being produced shares its result, others queue.
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -35,12 +36,13 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from kproxy.http_server import HttpResponse
 
+log = logging.getLogger("kproxy")
 SLICE_SECONDS = 0.0005  # longest the loop renders before letting connections run
-# Pause after each slice: the scrape takes at most about a third of the core, so on
+# Pause after each slice: the scrape takes at most about a fifth of the core, so on
 # a busy machine the kernel keeps treating the proxy as a light, mostly sleeping
 # process and wakes it promptly for the relay (a process that renders flat out
 # waits its turn behind every other busy process, and so would every connection).
-REST_SECONDS = 0.001
+REST_SECONDS = 0.002
 GZIP_LEVEL = 5
 _EOF = b"# EOF\n"
 
@@ -79,8 +81,12 @@ class Exposition:
         self.seconds = Gauge("kproxy_scrape_seconds", "Wall time the last /metrics "
                              "response took to produce", registry=registry)
         self.loop_seconds = Gauge("kproxy_scrape_longest_slice_seconds", "Longest the "
-                                  "event loop was held in one slice of the last scrape",
+                                  "event loop was held in one slice of the last scrape "
+                                  "(wall time: includes the process being preempted)",
                                   registry=registry)
+        self.loop_cpu_seconds = Gauge("kproxy_scrape_longest_slice_cpu_seconds", "CPU time "
+                                      "of the longest slice of the last scrape: what the "
+                                      "scrape itself held the loop for", registry=registry)
         self.bytes = Gauge("kproxy_scrape_bytes", "Size of the last /metrics response as "
                            "sent (after gzip when asked)", registry=registry)
         self.scrapes = Counter("kproxy_scrapes", "/metrics responses produced (scrapes "
@@ -97,6 +103,9 @@ class Exposition:
         try:
             async with self._lock:
                 pending.response = await self._produce(*key)
+        except Exception:  # a collector's bug must not take the HTTP port down
+            log.exception("producing /metrics failed")
+            pending.response = HttpResponse(500, b"scrape failed; see the proxy's log\n")
         finally:
             del self._pending[key]
             pending.done.set()
@@ -118,6 +127,7 @@ class Exposition:
         body = writer.finish()
         self.seconds.set(time.perf_counter() - started)
         self.loop_seconds.set(writer.longest)
+        self.loop_cpu_seconds.set(writer.longest_cpu)
         self.bytes.set(sum(len(p) for p in body))
         self.scrapes.inc()
         ctype = openmetrics.CONTENT_TYPE_LATEST if open_metrics else CONTENT_TYPE_LATEST
@@ -135,7 +145,9 @@ class _Writer:
         self._zip = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31) if compress else None
         self.parts: list[bytes] = []
         self.slice_start = time.perf_counter()
+        self.slice_cpu = time.thread_time()
         self.longest = 0.0
+        self.longest_cpu = 0.0
 
     def _add(self, data: bytes, end: bool = False) -> None:
         if self.open_metrics and not end and data.endswith(_EOF):
@@ -155,11 +167,14 @@ class _Writer:
         now = time.perf_counter()
         if now - self.slice_start >= SLICE_SECONDS:
             self.longest = max(self.longest, now - self.slice_start)
+            self.longest_cpu = max(self.longest_cpu, time.thread_time() - self.slice_cpu)
             await trio.sleep(REST_SECONDS)
             self.slice_start = time.perf_counter()
+            self.slice_cpu = time.thread_time()
 
     def finish(self) -> list[bytes]:
         self.longest = max(self.longest, time.perf_counter() - self.slice_start)
+        self.longest_cpu = max(self.longest_cpu, time.thread_time() - self.slice_cpu)
         if self.open_metrics:
             self._add(_EOF, end=True)
         if self._zip is not None:

@@ -10,6 +10,7 @@ the gauges agree.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import resource
@@ -18,6 +19,7 @@ import ssl
 import struct
 from pathlib import Path
 
+import pytest
 import trio
 
 from kproxy.admission import plan_budget
@@ -231,3 +233,38 @@ def test_flood_past_the_fd_budget_is_refused_at_accept(tmp_path: Path,
         control.close()
     log = kp.log()
     assert "EMFILE" not in log and "Too many open files" not in log
+
+
+async def test_emfile_at_accept_is_counted_and_waited_out(
+        nursery: trio.Nursery, tansu: TansuBroker, caplog: pytest.LogCaptureFixture) -> None:
+    """Descriptors run out for real (this process's limit lowered under the proxy):
+    accept's EMFILE is counted and logged once, nothing crashes, and the connections
+    waiting in the backlog are served once descriptors are free again."""
+    proxy = await start(nursery, tansu.bootstrap, node_id_range="111-111")
+    port = proxy.bootstrap_port
+    assert port is not None
+    clients = [socket.socket() for _ in range(5)]  # made before the limit drops
+    for c in clients:
+        c.setblocking(False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    fds_hit = proxy.ctx.metrics.limits_hit.labels("fds")
+    with caplog.at_level(logging.WARNING, logger="kproxy"):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        try:
+            for c in clients:  # a connect needs no new descriptor; the proxy's accept does
+                c.connect_ex(("127.0.0.1", port))
+            with trio.fail_after(30):
+                while fds_hit._value.get() < 3:  # accept failed, waited, tried again
+                    await trio.sleep(0.05)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for i, c in enumerate(clients):
+            c.setblocking(True)
+            c.settimeout(30)
+            assert await trio.to_thread.run_sync(_ping, c, i), "a waiting client was dropped"
+            c.close()
+    warnings = [r.getMessage() for r in caplog.records if "at accept" in r.getMessage()]
+    assert len(warnings) == 1 and "EMFILE" in warnings[0]
+    await settle(proxy)  # and the count came back to zero

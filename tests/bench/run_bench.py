@@ -543,7 +543,7 @@ def scrape_section(rows: list[dict[str, float]]) -> list[str]:
               "gzip, as Prometheus asks, on an otherwise idle proxy; the producer: "
               "single-message `acks=1` at 1,000/s, once without scrapes, then with "
               "scrapes back to back. The exposition is produced in slices of 0.5 ms with a "
-              "1 ms pause after each (kproxy/exposition.py), so a scrape of many series "
+              "2 ms pause after each (kproxy/exposition.py), so a scrape of many series "
               "takes longer in wall time but never holds the relay; the longest slice is "
               "wall time and includes the machine preempting the proxy.", ""]
     return lines
