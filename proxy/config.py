@@ -50,6 +50,7 @@ class TelemetryConfig:
     metric_prefix: str
     max_series: int
     prometheus: bool = True
+    max_series_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,8 @@ def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
         compression_types=v["telemetry_compression_types"],
         max_instances=v["telemetry_max_instances"])
     return TelemetryConfig(v["telemetry"], settings, v["telemetry_metric_prefix"],
-                           v["telemetry_max_series"], v["telemetry_prometheus"])
+                           v["telemetry_max_series"], v["telemetry_prometheus"],
+                           v["telemetry_max_series_bytes"])
 
 
 def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Config:

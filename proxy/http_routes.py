@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
 from typing import TYPE_CHECKING
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.openmetrics import exposition as openmetrics
 
 from kproxy import status
 from kproxy.http_server import Handler, HttpRequest, HttpResponse
@@ -26,7 +21,7 @@ def routes(proxy: Proxy) -> dict[str, Handler]:
                             f"{why}\n".encode())
 
     async def metrics(req: HttpRequest) -> HttpResponse:
-        return metrics_response(proxy.metrics.registry, req.headers)
+        return await proxy.exposition.response(req.headers)
 
     async def rebootstrap(req: HttpRequest) -> HttpResponse:
         if not proxy.config.admin:
@@ -39,17 +34,3 @@ def routes(proxy: Proxy) -> dict[str, Handler]:
 
     return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
             "/admin/rebootstrap": rebootstrap, **status.routes(proxy)}
-
-
-def metrics_response(registry: CollectorRegistry, headers: dict[str, str]) -> HttpResponse:
-    """Prometheus text, or OpenMetrics when asked for; gzip when accepted."""
-    if "application/openmetrics-text" in headers.get("accept", ""):
-        body = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
-        ctype = openmetrics.CONTENT_TYPE_LATEST
-    else:
-        body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-    extra = []
-    if "gzip" in headers.get("accept-encoding", ""):
-        body = gzip.compress(body, compresslevel=5)
-        extra.append(("content-encoding", "gzip"))
-    return HttpResponse(200, body, ctype, extra)

@@ -13,6 +13,9 @@ log = logging.getLogger("kproxy.http")
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 16 * 1024
 READ_TIMEOUT = 10.0
+# Connections served at once; more are closed at once. Scrapers and probes keep one or
+# two each, and the open-file budget (kproxy.admission) reserves this many.
+MAX_CONNECTIONS = 32
 
 
 @dataclass
@@ -21,6 +24,9 @@ class HttpResponse:
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
     headers: list[tuple[str, str]] = field(default_factory=list)
+    # A large body in pieces, sent one after another instead of joined (a /metrics
+    # of tens of MB is never copied into one string on the event loop).
+    parts: list[bytes] | None = None
 
 
 @dataclass
@@ -37,8 +43,19 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 class HttpServer:
     def __init__(self, routes: dict[str, Handler]) -> None:
         self.routes = routes
+        self.active = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        if self.active >= MAX_CONNECTIONS:
+            await trio.aclose_forcefully(stream)
+            return
+        self.active += 1
+        try:
+            await self._handle(stream)
+        finally:
+            self.active -= 1
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
         try:
             with trio.fail_after(READ_TIMEOUT):
@@ -92,11 +109,18 @@ class HttpServer:
 
     async def _send(self, conn: h11.Connection, stream: trio.SocketStream, resp: HttpResponse,
                     head: bool = False) -> None:
+        parts = resp.parts if resp.parts is not None else [resp.body]
         headers = [("content-type", resp.content_type),
-                   ("content-length", str(len(resp.body))), ("connection", "close"),
-                   *resp.headers]
+                   ("content-length", str(sum(len(p) for p in parts))),
+                   ("connection", "close"), *resp.headers]
         data = conn.send(h11.Response(status_code=resp.status, headers=headers)) or b""
-        if not head:
-            data += conn.send(h11.Data(data=resp.body)) or b""
-        data += conn.send(h11.EndOfMessage()) or b""
+        if head:
+            parts = []
+        elif len(parts) == 1 and len(parts[0]) < 65536:  # small: one write
+            data += conn.send(h11.Data(data=parts[0])) or b""
+            parts = []
         await stream.send_all(data)
+        for part in parts:
+            for chunk in conn.send_with_data_passthrough(h11.Data(data=part)) or []:
+                await stream.send_all(chunk)
+        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")

@@ -1,4 +1,9 @@
-"""The proxy's own Prometheus metrics. Labels are bounded: API name, listener, outcome."""
+"""The proxy's own Prometheus metrics. Labels are bounded: API name, listener, outcome.
+
+No label value comes straight from a client: an API key outside the known table is
+one ``unknown`` value (a client choosing keys would otherwise mint up to 65,536
+series), listeners are per broker in the node id range, the rest are fixed sets.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kproxy.codecs.api_keys import API_KEYS, api_name
+from kproxy.exposition import PieceSource
 
 UNKNOWN_API = -1  # every api key the proxy does not know shares one label, "unknown"
 
@@ -44,6 +50,9 @@ class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._per_api: dict[int, ApiMetrics] = {}
         self.registry = registry or CollectorRegistry()
+        # Sources too large to render in one go (client telemetry): kproxy.exposition
+        # renders them in pieces, between which the relay runs.
+        self.piece_sources: list[PieceSource] = []
         r = self.registry
         self.connections_active = Gauge(
             "kproxy_client_connections", "Client connections open now", ["listener"],

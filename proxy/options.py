@@ -254,7 +254,8 @@ LIMIT_OPTIONS: tuple[Option, ...] = (
            "(backpressure, never an error); see docs/security.md for sizing", "BYTES"),
     Option("max_connections", parse_positive_int, 10_000,
            "client connections open at once, over all listeners; more are closed at accept "
-           "(Kafka's max.connections)", "N"),
+           "(Kafka's max.connections); lowered at start to what the open-file limit holds "
+           "at two descriptors per connection", "N"),
     Option("max_connections_per_source", parse_positive_int, 1_000,
            "client connections open at once from one source address "
            "(Kafka's max.connections.per.ip)", "N"),
@@ -331,6 +332,9 @@ TELEMETRY_OPTIONS: tuple[Option, ...] = (
                "prefix for exported client metric names", "PREFIX"),
     _telemetry("telemetry_max_series", parse_positive_int, 50_000,
                "cap on exported client series; the excess is dropped and counted", "N"),
+    _telemetry("telemetry_max_series_bytes", parse_positive_int, 32 * 1024 * 1024,
+               "cap on the memory of exported client series (estimated); new series beyond "
+               "it are dropped and counted", "BYTES"),
     _telemetry("telemetry_max_instances", parse_positive_int, 100_000,
                "client instances remembered before the least recently seen is forgotten", "N"),
     _telemetry("telemetry_prometheus", parse_bool, True,

@@ -26,9 +26,10 @@ from kproxy.broker_listeners import BrokerListeners
 from kproxy.codecs import api_keys
 from kproxy.config import Config
 from kproxy.context import SessionServices
+from kproxy.exposition import Exposition
 from kproxy.http_routes import routes
 from kproxy.http_server import HttpServer
-from kproxy.listeners import open_listeners, peer_of
+from kproxy.listeners import open_listeners
 from kproxy.logs import RateLimitedLog
 from kproxy.memory import MemoryBudget
 from kproxy.metrics import ProxyMetrics
@@ -84,8 +85,8 @@ class Proxy:
         self.backend.sessions_of = lambda: [(s.conn, s.stop_reading) for s in self.sessions]
         self.listeners = BrokerListeners(config, self.state, metrics, self.ratelog)
         self.backend.on_view_change.append(self.listeners.sync)
-        self.admission = Admission(metrics, self.ratelog, config.max_connections,
-                                   config.max_connections_per_source)
+        self.admission = Admission(config, metrics, self.ratelog)  # counted at accept
+        self.exposition = Exposition(metrics.registry, metrics.piece_sources)
         metrics.watch_budget(self.budget)
         Gauge("kproxy_ready", "1 while /readyz answers 200: the backend answered discovery "
               "recently and the proxy is not draining", registry=metrics.registry,
@@ -104,8 +105,7 @@ class Proxy:
         self.state.reconfigure(new.legacy_clients, new.require_sasl, new.upstream)
         self.rotation.servers = list(new.upstream)
         self.services.connector.timeout = new.connect_timeout
-        self.admission.max_connections = new.max_connections
-        self.admission.max_per_source = new.max_connections_per_source
+        self.admission.config = new
         self.budget.limit = new.max_buffered_bytes
 
     def shutdown(self) -> None:
@@ -117,6 +117,7 @@ class Proxy:
 
     async def run(self, *, handle_signals: bool = True,
                   task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.admission.plan(self.config)
         if self.archive is not None:
             self.archive.start()
         try:
@@ -172,20 +173,13 @@ class Proxy:
 
     async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
                      scope: trio.CancelScope) -> None:
-        async def handle(stream: trio.SocketStream) -> None:
-            peer = peer_of(stream)
-            if not self.admission.admit(peer[0], name):
-                await trio.aclose_forcefully(stream)
-                return
-            try:
-                await self._serve_one(stream, peer, name, node_id)
-            finally:
-                self.admission.release(peer[0])
+        async def handle(stream: trio.SocketStream, peer: tuple[str, int], name: str) -> None:
+            await self._serve_one(stream, peer, name, node_id)
 
+        assert self._sessions_nursery is not None
         with scope:
             try:
-                await trio.serve_listeners(handle, listeners,
-                                           handler_nursery=self._sessions_nursery)
+                await self.admission.serve(listeners, name, handle, self._sessions_nursery)
             finally:
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)

@@ -302,7 +302,7 @@ def _limits(proxy: Proxy) -> list[dict[str, Any]]:
     busiest_source = max(proxy.admission.by_source.values(), default=0)
     paused = sum(1 for s in proxy.sessions if len(s.ordered) >= cfg.max_inflight)
     rows: list[tuple[str, float, float | None]] = [
-        ("max_connections", cfg.max_connections, proxy.admission.open_connections),
+        ("max_connections", proxy.admission.max_connections, proxy.admission.open),
         ("max_connections_per_source", cfg.max_connections_per_source, busiest_source),
         ("max_inflight", cfg.max_inflight, paused),
         ("idle_timeout", cfg.idle_timeout, None),
