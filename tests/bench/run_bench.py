@@ -547,7 +547,9 @@ def scrape_section(rows: list[dict[str, float]]) -> list[str]:
               "scrapes back to back. The exposition is produced in slices of 0.5 ms with a "
               "2 ms pause after each (kproxy/exposition.py), so a scrape of many series "
               "takes longer in wall time but never holds the relay; the longest slice is "
-              "wall time and includes the machine preempting the proxy.", ""]
+              "wall time and includes the machine preempting the proxy. "
+              "`.venv/bin/python tests/bench/run_bench.py --only-scrape` measures this "
+              "section alone and merges it into the saved run.", ""]
     return lines
 
 
