@@ -22,6 +22,7 @@ import pytest
 from kproxy.embedded_broker import TansuBroker
 
 from .swap_clients.harness import ALL_CLIENTS, run_swaps, stalls_line, table
+from .swap_clients.told import V13_CLIENTS, run_told, told_table
 
 pytestmark = pytest.mark.broker
 
@@ -69,3 +70,29 @@ def test_five_swaps_per_client(clusters: tuple[TansuBroker, TansuBroker],
     assert librdkafka.median_stall <= LIBRDKAFKA_MEDIAN_S, (
         f"librdkafka stalls {[round(s, 3) for s in librdkafka.measured]} s: the median is "
         f"above {LIBRDKAFKA_MEDIAN_S} s")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[TansuBroker]:
+    broker = TansuBroker(cluster_id="one", log_path=tmp_path / "one.log").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.mark.timeout(600)
+def test_what_each_client_does_when_told(cluster: TansuBroker, tmp_path: Path) -> None:
+    """An operator rebootstrap: v13 clients are told; what each does is recorded."""
+    told = run_told(cluster.bootstrap, tmp_path, ALL_CLIENTS)
+    print("\n" + told_table(told))
+    for t in told.values():
+        assert t.failed == 0, f"{t.client}: {t.failed} failed deliveries"
+        assert t.metadata_version is not None, f"{t.client}: no Metadata request seen"
+        if t.client in V13_CLIENTS:
+            assert t.metadata_version >= 13 and t.told_at is not None, t
+        else:  # below v13: cannot be told; closed at the change, and back
+            assert t.metadata_version < 13 and t.told_at is None, t
+            assert t.closed_by_change >= 1 and t.reconnected >= 1, t
+    # librdkafka 2.10+ acts on the error: a fresh bootstrap after being told.
+    assert told["confluent-kafka"].bootstraps_after >= 1, told["confluent-kafka"]

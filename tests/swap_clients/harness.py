@@ -100,10 +100,11 @@ def node_binary() -> str | None:
     return shutil.which("node")
 
 
-def client_command(client: str, bootstrap: str, topic: str, out: Path, stop: Path
-                   ) -> list[str]:
+def client_command(client: str, bootstrap: str, topic: str, out: Path, stop: Path,
+                   *extra: str) -> list[str]:
     common = ["--client", client, "--bootstrap", bootstrap, "--topic", topic,
-              "--client-id", f"swap-{slug(client)}", "--out", str(out), "--stop", str(stop)]
+              "--client-id", f"swap-{slug(client)}", "--out", str(out), "--stop", str(stop),
+              *extra]
     if client in PYTHON_CLIENTS:
         return [sys.executable, str(HERE / "py_producer.py"), *common]
     node = node_binary()
@@ -233,7 +234,8 @@ class Running:
 
 
 @contextmanager
-def clients_running(clients: tuple[str, ...], bootstrap: str, work: Path) -> Iterator[Running]:
+def clients_running(clients: tuple[str, ...], bootstrap: str, work: Path,
+                    *extra: str) -> Iterator[Running]:
     """Each client streaming to its own topic; stopped (flushed) on leaving."""
     stop = work / "stop"
     stop.unlink(missing_ok=True)
@@ -244,7 +246,7 @@ def clients_running(clients: tuple[str, ...], bootstrap: str, work: Path) -> Ite
             running.outs[c] = out = work / f"{slug(c)}.jsonl"
             with open(work / f"{slug(c)}.stderr", "wb") as err:
                 procs[c] = subprocess.Popen(
-                    client_command(c, bootstrap, f"swap-{slug(c)}", out, stop),
+                    client_command(c, bootstrap, f"swap-{slug(c)}", out, stop, *extra),
                     stdout=err, stderr=subprocess.STDOUT)
         yield running
     finally:

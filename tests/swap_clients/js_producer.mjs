@@ -23,7 +23,8 @@ const { values: args } = parseArgs({
     'client-id': { type: 'string' },
     out: { type: 'string' },
     stop: { type: 'string' },
-    interval: { type: 'string', default: '0.01' }
+    interval: { type: 'string', default: '0.01' },
+    'metadata-max-age-ms': { type: 'string' }
   }
 })
 const FLUSH_MS = 45000
@@ -32,6 +33,7 @@ const FLUSH_MS = 45000
 // backlog of thousands of queued requests at once when a connection closes.)
 const MAX_PENDING = 200
 const interval = Number(args.interval) * 1000
+const metadataMaxAge = args['metadata-max-age-ms'] ? Number(args['metadata-max-age-ms']) : undefined
 const out = openSync(args.out, 'w')
 let reported = 0
 const write = (record) => writeSync(out, JSON.stringify(record) + '\n')
@@ -57,7 +59,8 @@ const clients = {
       idempotent: false,
       acks: ProduceAcks.ALL,
       retries: 60,
-      retryDelay: 250
+      retryDelay: 250,
+      ...(metadataMaxAge ? { metadataMaxAge } : {})
     })
     return [
       (seq) => producer.send({ messages: [{ topic: args.topic, value: String(seq) }] }),
@@ -73,7 +76,9 @@ const clients = {
       logLevel: logLevel.NOTHING,
       retry: { retries: 30, initialRetryTime: 100, maxRetryTime: 1000 }
     })
-    const producer = kafka.producer({ idempotent: false, allowAutoTopicCreation: false })
+    const producer = kafka.producer({
+      idempotent: false, allowAutoTopicCreation: false, ...(metadataMaxAge ? { metadataMaxAge } : {})
+    })
     await producer.connect()
     return [
       (seq) => producer.send({ topic: args.topic, acks: -1, messages: [{ value: String(seq) }] }),

@@ -55,6 +55,11 @@ def paced(interval: float, stop: Path) -> Callable[[int], float | None]:
     return wait
 
 
+def metadata_age(args: argparse.Namespace) -> dict[str, int]:
+    """The Python clients' metadata refresh interval, when one is asked for."""
+    return {"metadata_max_age_ms": args.metadata_max_age_ms} if args.metadata_max_age_ms else {}
+
+
 def run_confluent(args: argparse.Namespace, log: Log) -> int:
     import confluent_kafka
 
@@ -65,7 +70,9 @@ def run_confluent(args: argparse.Namespace, log: Log) -> int:
     producer = confluent_kafka.Producer({
         "bootstrap.servers": args.bootstrap, "client.id": args.client_id, "acks": "all",
         "linger.ms": 5, "enable.idempotence": False,
-        "message.timeout.ms": DELIVERY_TIMEOUT_MS})
+        "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+        **({"topic.metadata.refresh.interval.ms": args.metadata_max_age_ms}
+           if args.metadata_max_age_ms else {})})
     wait, seq = paced(args.interval, args.stop), 0
     while (delay := wait(seq)) is not None:
         producer.poll(delay)
@@ -83,7 +90,8 @@ def run_kafka_python(args: argparse.Namespace, log: Log) -> int:
     producer = kafka.KafkaProducer(
         bootstrap_servers=args.bootstrap, client_id=args.client_id, acks="all",
         linger_ms=5, retries=2**31 - 1, enable_idempotence=False,
-        delivery_timeout_ms=DELIVERY_TIMEOUT_MS, request_timeout_ms=10000)
+        delivery_timeout_ms=DELIVERY_TIMEOUT_MS, request_timeout_ms=10000,
+        **metadata_age(args))
     wait, seq = paced(args.interval, args.stop), 0
     while (delay := wait(seq)) is not None:
         time.sleep(delay)
@@ -105,7 +113,7 @@ def run_aiokafka(args: argparse.Namespace, log: Log) -> int:
         producer = aiokafka.AIOKafkaProducer(
             bootstrap_servers=args.bootstrap, client_id=args.client_id, acks="all",
             linger_ms=5, enable_idempotence=False, request_timeout_ms=DELIVERY_TIMEOUT_MS,
-            retry_backoff_ms=100)
+            retry_backoff_ms=100, **metadata_age(args))
         await producer.start()
         wait, seq = paced(args.interval, args.stop), 0
         pending: set[asyncio.Future[Any]] = set()
@@ -139,6 +147,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--stop", type=Path, required=True)
     parser.add_argument("--interval", type=float, default=0.01)
+    parser.add_argument("--metadata-max-age-ms", type=int, default=None,
+                        help="refresh metadata this often (the client's default otherwise)")
     args = parser.parse_args()
     with open(args.out, "w", encoding="utf-8") as out:
         log = Log(out)
