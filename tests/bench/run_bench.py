@@ -34,6 +34,7 @@ from kproxy.embedded_broker import TansuBroker, free_port, tansu_binary, wait_fo
 from tests.support import stop_process as stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+import rebootstrap_row  # noqa: E402
 from workloads import read_exactly  # noqa: E402
 
 WORKLOADS = Path(__file__).with_name("workloads.py")
@@ -213,9 +214,21 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--json", default=str(ROOT / "docs" / "benchmarks.json"))
     parser.add_argument("--from-json", help="rewrite the report from a run's saved results")
+    parser.add_argument("--only", choices=["rebootstrap"],
+                        help="run only this part and put its section into the existing report")
+    parser.add_argument("--rebootstrap-runs", type=int, default=3,
+                        help="runs of five blue/green swaps for the rebootstrap section")
     args = parser.parse_args()
     if args.from_json:
         return report_from_json(args)
+    if args.only == "rebootstrap":
+        work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
+        data = rebootstrap_row.measure(work, args.rebootstrap_runs, 5)
+        rebootstrap_row.splice(Path(args.out), rebootstrap_row.section(data))
+        Path(args.json).with_name("benchmarks-rebootstrap.json").write_text(
+            json.dumps(data, indent=1))
+        print("\n".join(rebootstrap_row.section(data)))
+        return 0
     smoke = args.smoke
     reps = 1 if smoke else args.reps
     # Long enough (seconds, not fractions of one) that start-up and scheduling noise
@@ -326,8 +339,11 @@ def main() -> int:
         tel = telemetry_pushes(paths[1].bootstrap, paths[1], 2.0 if smoke else 8.0,
                                instances=200 if smoke else 2000)
         print(f"telemetry: {tel}", flush=True)
+        # The smoke run swaps once with one client: the code path, not a figure.
+        reb = (rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
+               else rebootstrap_row.measure(work, args.rebootstrap_runs, 5))
         elapsed = time.monotonic() - started
-        write_report(paths, tel, counts, args, elapsed, fd_hard, n1k, n100)
+        write_report(paths, tel, counts, args, elapsed, fd_hard, n1k, n100, reb)
     finally:
         for p in paths:
             if p.process is not None:
@@ -341,16 +357,17 @@ def report_from_json(args: argparse.Namespace) -> int:
     data = json.loads(Path(args.from_json).read_text())
     meta = data.pop("_meta")
     tel = data.pop("telemetry")
+    reb = data.pop("rebootstrap", None)
     paths = [Path_(name, "", None, results) for name, results in data.items()]
     args.smoke, args.reps = meta["smoke"], meta["reps"]
     write_report(paths, tel, meta["counts"], args, meta["elapsed"], meta["fd_hard"],
-                 meta["n1k"], meta["n100"])
+                 meta["n1k"], meta["n100"], reb)
     return 0
 
 
 def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
                  args: argparse.Namespace, elapsed: float, fd_hard: int, n1k: int,
-                 n100: int) -> None:
+                 n100: int, reb: dict[str, object] | None = None) -> None:
     direct = paths[0]
 
     def ratio(p: Path_, key: str, field_: str) -> str:
@@ -422,12 +439,13 @@ def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
               f"({tel['refused']} refused); {tel['pushes_per_cpu_s']:,.0f} pushes per CPU-second "
               f"of the proxy (one process, one core; it used {100 * tel['proxy_cpu']:.0f}% of "
               "a core)", ""]
+    lines += rebootstrap_row.section(reb)
     lines += targets(paths, tel, counts)
     Path(args.out).write_text("\n".join(lines) + "\n" + SCALING_NOTE)
     meta = {"smoke": args.smoke, "reps": args.reps, "counts": counts, "elapsed": elapsed,
             "fd_hard": fd_hard, "n1k": n1k, "n100": n100}
     Path(args.json).write_text(json.dumps({p.name: p.results for p in paths} | {
-        "telemetry": tel, "_meta": meta}, indent=1))
+        "telemetry": tel, "rebootstrap": reb, "_meta": meta}, indent=1))
     print(f"wrote {args.out}")
 
 
