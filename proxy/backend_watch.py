@@ -75,12 +75,13 @@ class BackendWatch:
                  extra={"fields": {"epoch": change.epoch, "reason": reason}})
         self.metrics.topology_changes.labels(reason).inc()
         self.metrics.topology_epoch.set(change.epoch)
-        for conn, stop_reading in self.sessions_of():
+        for conn, end in self.sessions_of():
             outcome = conn.on_change(change)
             if outcome is not None:
-                # Let in-flight requests finish, then close: the client reconnects.
+                # In-flight requests are answered; the client's next request is not
+                # forwarded and ends the connection: the client reconnects.
                 self.metrics.rebootstrap.labels(outcome).inc()
-                stop_reading()
+                end()
 
     async def force(self, reason: str) -> Change:
         """An epoch bump with no visible change (operator request, new upstream list)."""

@@ -38,6 +38,9 @@ ALL_CLIENTS = PYTHON_CLIENTS + JS_CLIENTS
 START_S = 90.0  # every client acknowledged something before the first swap
 SWAP_S = 60.0  # every client's messages are landing on the new cluster
 LANDED = 30  # messages on the new cluster that show a client is through a swap
+# Steady streaming before each swap, as between two real swaps (minutes apart): a
+# client is not caught in the middle of recovering from the previous one.
+DWELL_S = 2.0
 STOP_S = 90.0  # a client's final flush (its own bound is 45 s) and exit
 
 
@@ -285,9 +288,12 @@ def run_swaps(blue_bootstrap: str, green_bootstrap: str, work: Path,
                 return any("s" in r and r["e"] is None for r in read_reports(outs[c]))
             wait_until(lambda: all(acked(c) for c in clients), START_S,
                        "a client acknowledged nothing before the first swap", running)
+            steady_since = time.monotonic()
             for i in range(swaps):
                 target = "green" if i % 2 == 0 else "blue"
                 new = clusters[target]
+                wait_until(lambda t=steady_since: time.monotonic() >= t + DWELL_S,  # type: ignore[misc]
+                           DWELL_S + 1, "steady streaming", running)
                 base = {c: new.high_watermark(topics[c]) for c in clients}
                 cfg.write_text(f'upstream = "{new.bootstrap}"\n')
                 swapped.append((time.time(), target))
@@ -295,6 +301,7 @@ def run_swaps(blue_bootstrap: str, green_bootstrap: str, work: Path,
                 wait_until(lambda n=new, b=base: all(  # type: ignore[misc]
                     n.high_watermark(topics[c]) >= b[c] + LANDED for c in clients),
                     SWAP_S, f"swap {i + 1} to {target}: a client is not producing there", running)
+                steady_since = time.monotonic()
         log = kp.log()
         _, metrics = kp.http_get("/metrics")
         results = {c: summarize(c, read_reports(outs[c]), swapped, clusters, topics[c], log)

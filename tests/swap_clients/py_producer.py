@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -72,7 +73,10 @@ def run_confluent(args: argparse.Namespace, log: Log) -> int:
         "linger.ms": 5, "enable.idempotence": False,
         "message.timeout.ms": DELIVERY_TIMEOUT_MS,
         **({"topic.metadata.refresh.interval.ms": args.metadata_max_age_ms}
-           if args.metadata_max_age_ms else {})})
+           if args.metadata_max_age_ms else {}),
+        # librdkafka's own account of a swap, to stderr (e.g. "broker,metadata,protocol").
+        **({"debug": os.environ["SWAP_RDKAFKA_DEBUG"]}
+           if os.environ.get("SWAP_RDKAFKA_DEBUG") else {})})
     wait, seq = paced(args.interval, args.stop), 0
     while (delay := wait(seq)) is not None:
         producer.poll(delay)
