@@ -53,6 +53,9 @@ def test_five_swaps_per_client(clusters: tuple[TansuBroker, TansuBroker],
     # One epoch bump per swap: the reload's discovery names the new cluster at once, and
     # no stale discovery answer from the old one swaps the view back.
     assert run.topology_changes == {"cluster_id": SWAPS}, run.topology_changes
+    # Every connection to the old cluster is closed, and its replacement starts at the
+    # new epoch: nobody is also told to bootstrap again for the same swap.
+    assert set(run.rebootstrap) == {"upstream_gone"}, run.rebootstrap
     for r in results.values():
         assert r.sent > 0 and r.acked > 0, f"{r.client}: nothing delivered"
         assert not r.failed, f"{r.client}: {len(r.failed)} failed, e.g. {r.failed[:3]}"

@@ -358,6 +358,9 @@ def report_from_json(args: argparse.Namespace) -> int:
     meta = data.pop("_meta")
     tel = data.pop("telemetry")
     reb = data.pop("rebootstrap", None)
+    alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
+    if reb is None and alone.exists():  # measured on its own (--only rebootstrap)
+        reb = json.loads(alone.read_text())
     paths = [Path_(name, "", None, results) for name, results in data.items()]
     args.smoke, args.reps = meta["smoke"], meta["reps"]
     write_report(paths, tel, meta["counts"], args, meta["elapsed"], meta["fd_hard"],
