@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-loaded test-tools image image-tools image-test lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
+.PHONY: run test test-loaded test-tools test-js image image-tools image-test lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,13 +21,13 @@ run: $(DEV)
 	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP) --archive run/archive
 
 # -rs: a skipped test says why (the container test needs buildah and podman).
-test: $(DEV) lint test-tools bench-tools image-tools
+test: $(DEV) lint test-tools test-js bench-tools image-tools
 	$(BIN)/python -m pytest -q -rs
 
 # The whole suite LOADED_RUNS times in a row while a CPU hog keeps every core busy:
 # a test whose verdict depends on the machine's load fails here.
 LOADED_RUNS ?= 3
-test-loaded: $(DEV) test-tools bench-tools image-tools
+test-loaded: $(DEV) test-tools test-js bench-tools image-tools
 	$(BIN)/python tests/loaded/run_loaded.py --runs $(LOADED_RUNS)
 
 # System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
@@ -71,6 +71,19 @@ image-tools:
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; }
 
+# Kafka clients for Node.js that the rebootstrap tests drive (tests/js/package.json, pinned
+# by its lock file), installed into the git-ignored tests/js/node_modules; again only when
+# the lock file changes.
+JS_CLIENTS := tests/js/node_modules/.installed
+test-js: $(JS_CLIENTS)
+$(JS_CLIENTS): tests/js/package.json tests/js/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "installing Node.js and npm (Debian packages) for the Node.js client tests"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; }
+	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 # mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
 # symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.
 typecheck-tree:
@@ -108,7 +121,7 @@ bench-pipeline: $(DEV)
 
 # Side by side: direct, kproxy, tansu proxy, haproxy (TCP). Writes docs/benchmarks.md,
 # and docs/benchmarks-memory.md (peak memory with slow readers of 50 MB fetches).
-bench: $(DEV) bench-tools
+bench: $(DEV) bench-tools test-js
 	$(BIN)/python tests/bench/run_bench.py
 	$(BIN)/python tests/bench/memory_bench.py
 

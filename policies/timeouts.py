@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import math
 
+# A connection whose backend is gone forwards nothing more and ends at the client's next
+# request (left unanswered, so it fails at once and the client looks for the new backend
+# right away), or after this long if none comes.
+GONE_GRACE_S = 1.0
+
 
 def read_deadline(now: float, first_deadline: float, frames_in: int, in_flight: int,
                   last_activity: float, idle_timeout: float) -> float:

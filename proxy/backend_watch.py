@@ -77,12 +77,13 @@ class BackendWatch:
         self.last_change = (time.time(), reason, change.describe())
         self.metrics.topology_changes.labels(reason).inc()
         self.metrics.topology_epoch.set(change.epoch)
-        for conn, stop_reading in self.sessions_of():
+        for conn, end in self.sessions_of():
             outcome = conn.on_change(change)
             if outcome is not None:
-                # Let in-flight requests finish, then close: the client reconnects.
+                # In-flight requests are answered; the client's next request is not
+                # forwarded and ends the connection: the client reconnects.
                 self.metrics.rebootstrap.labels(outcome).inc()
-                stop_reading()
+                end()
 
     async def force(self, reason: str) -> Change:
         """An epoch bump with no visible change (operator request, new upstream list)."""
@@ -90,18 +91,54 @@ class BackendWatch:
         self.changed(change)
         return change
 
-    async def discover_once(self, connect_timeout: float, max_frame_bytes: int) -> bool:
+    async def _discover(self, connect_timeout: float, max_frame_bytes: int) -> Seen | None:
+        """One discovery round trip; None when it failed or its answer is stale.
+
+        An answer from a server list that was replaced while it was in flight (a reload)
+        describes the old backend: taking it would swap the view back for a moment and
+        close every connection to the new one.
+        """
+        servers = list(self.rotation.servers)
         try:
             seen = await discover(self.rotation, connect_timeout, max_frame_bytes)
         except (UpstreamUnavailable, OSError, trio.TooSlowError, trio.BrokenResourceError,
                 trio.ClosedResourceError, CodecError, ConnectionError) as exc:
             self.ratelog(logging.WARNING, "discovery", "backend discovery failed",
                          error=str(exc) or type(exc).__name__)
-            return False
+            return None
         except Exception:  # a bug here must not take the proxy down; retried next interval
             self.metrics.internal_errors.inc()
             log.exception("backend discovery failed unexpectedly")
-            return False
+            return None
+        if self.rotation.servers != servers:
+            log.debug("discovery answer dropped: the upstream list changed meanwhile")
+            return None
         self.last_discovery = time.monotonic()
+        return seen
+
+    async def discover_once(self, connect_timeout: float, max_frame_bytes: int) -> bool:
+        seen = await self._discover(connect_timeout, max_frame_bytes)
+        if seen is None:
+            return False
         await self.seen(seen, self.state.learn(seen))
         return True
+
+    async def reconfigured(self, connect_timeout: float, max_frame_bytes: int) -> Change:
+        """The upstream list changed: one epoch bump for it, whatever it leads to.
+
+        Discovery through the new list runs first, so that a new cluster (or brokers at
+        new addresses) is one change that closes what reaches the old backend, rather
+        than a forced bump followed by a second one when discovery catches up: clients
+        would bootstrap once for each. When the new list leads to the same backend
+        (or cannot be reached yet) the bump is forced: connections to servers no longer
+        listed are closed, and the others are told in their next Metadata response.
+        """
+        seen = await self._discover(connect_timeout, max_frame_bytes)
+        learned = None if seen is None else self.state.learn(seen)
+        if seen is not None:
+            await self.seen(seen, learned)  # fans a learned change out
+        if learned is not None:
+            return learned
+        change = self.state.view.force("upstream_reconfigured")
+        self.changed(change)
+        return change

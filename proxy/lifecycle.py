@@ -82,10 +82,9 @@ async def apply(proxy: Proxy, new: Config) -> None:
     if old.upstream != new.upstream:
         log.info("upstream bootstrap servers changed", extra={"fields": {
             "upstream": ",".join(f"{h}:{p}" for h, p in new.upstream)}})
-        # A new bootstrap list is a trigger of its own, even when it leads to the
-        # same cluster: sessions on servers no longer listed are closed.
-        await proxy.backend.force("upstream_reconfigured")
-        await proxy.discover_once()
+        # One epoch bump for a new bootstrap list, whatever it leads to (see
+        # BackendWatch.reconfigured): sessions on servers no longer listed are closed.
+        await proxy.backend.reconfigured(new.connect_timeout, new.max_frame_bytes)
 
 
 async def drain(proxy: Proxy) -> None:

@@ -82,7 +82,8 @@ class Proxy:
             UpstreamConnector(self.state, self.rotation, config.connect_timeout, events),
             events, self.backend)
         self.sessions: set[Session] = set()
-        self.backend.sessions_of = lambda: [(s.conn, s.stop_reading) for s in self.sessions]
+        self.backend.sessions_of = lambda: [(s.conn, s.end_at_next_request)
+                                            for s in self.sessions]
         self.listeners = BrokerListeners(config, self.state, metrics, self.ratelog)
         self.backend.on_view_change.append(self.listeners.sync)
         self.admission = Admission(config, metrics, self.ratelog)  # counted at accept

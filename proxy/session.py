@@ -77,6 +77,7 @@ class Session:
         self._write_lock = trio.Lock()
         self._room = trio.Event()
         self._draining = False
+        self._end_at_request = False
         self._close_after_flush = False
         self._recv_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
@@ -127,6 +128,24 @@ class Session:
         """Drain: take no new requests; the session ends once in-flight ones are answered."""
         self._draining = True
         self._recv_scope.cancel()
+
+    def end_at_next_request(self, grace: float = timeouts.GONE_GRACE_S) -> None:
+        """Its backend is gone: forward nothing more. The session ends once in-flight
+        requests are answered and the client's next request has come (unanswered, it
+        fails when the connection closes: librdkafka then looks for the new leader at
+        once, where a quiet close leaves it waiting about 2 s on its refresh timer), or
+        after ``grace`` if none comes."""
+        if self._end_at_request or self._draining:
+            return
+        self._end_at_request = True
+        if self._nursery is None:
+            self.stop_reading()
+        else:
+            self._nursery.start_soon(self._stop_after, grace)
+
+    async def _stop_after(self, grace: float) -> None:
+        await trio.sleep(grace)
+        self.stop_reading()
 
     def close(self) -> None:
         if self._nursery is not None:
@@ -194,6 +213,9 @@ class Session:
         raise SessionClosed(which.replace("_", " "))
 
     async def _handle_requests(self, reader: FrameReader) -> None:
+        if self._end_at_request:
+            self._draining = True  # not forwarded: it fails when the connection closes
+            return
         out: list[Frame | bytes] = []  # what goes upstream, in order
         answered_locally = False
         events = self.services.events

@@ -26,7 +26,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = out.read_text()
     for section in ("## Throughput", "## Latency at 1,000 requests/s", "## Proxy cost",
-                    "## Telemetry termination", "## Scaling"):
+                    "## Telemetry termination", "## Rebootstrap", "## Scaling"):
         assert section in text
     results = json.loads(js.read_text())
     assert {"direct", "kproxy", "tansu proxy", "haproxy (tcp)"} <= set(results)
@@ -34,3 +34,5 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert all(r["failures"] == 0 for r in results[path]["produce_1k"])
         assert all(r["complete"] for r in results[path]["consume"])
     assert results["telemetry"]["pushes_s"] > 0 and results["telemetry"]["refused"] == 0
+    swapped = results["rebootstrap"]["clients"]["confluent-kafka"]
+    assert swapped["failed"] == 0 and swapped["lost"] == 0 and None not in swapped["stalls_s"]

@@ -3,6 +3,7 @@ connections; an invalid one is rejected and the running config kept."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 import uuid
@@ -87,3 +88,35 @@ def test_file_watch_applies_valid_and_rejects_invalid(tmp_path: Path) -> None:
         assert 'kproxy_config_reloads_total{outcome="rejected"} 1.0' in metrics
         assert kp.process.poll() is None
         client.sock.close()
+
+
+def test_new_upstream_list_to_the_same_backend_is_one_forced_change(tmp_path: Path) -> None:
+    """A reload's new list leads to the same cluster: one `upstream_reconfigured` epoch;
+    a connection to a server no longer listed ends at its next request, unanswered;
+    a connection opened after the change is not told to bootstrap again."""
+    with TansuBroker(log_path=tmp_path / "tansu.log") as broker:
+        cfg = tmp_path / "kproxy.toml"
+        cfg.write_text(f'upstream = "127.0.0.1:{broker.port}"\n')
+        with kproxy_process(None, tmp_path, "--config", str(cfg)) as kp:
+            metadata = {"topics": [], "allow_auto_topic_creation": False,
+                        "include_topic_authorized_operations": False}
+            before = SyncClient(kp.bootstrap_port)
+            assert before.request(api_keys.METADATA, 13, metadata).body["error_code"] == 0
+            cfg.write_text(f'upstream = "localhost:{broker.port}"\n')  # same broker
+            kp.signal(signal.SIGHUP)
+            wait_for_log(kp, "backend changed: upstream_reconfigured")
+            before.cid += 1
+            before.sock.sendall(encode_request(api_keys.METADATA, 13, before.cid, metadata))
+            try:
+                answer = before.sock.recv(65536)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b"", "answered on a server no longer listed"
+            after = SyncClient(kp.bootstrap_port)
+            assert after.request(api_keys.METADATA, 13, metadata).body["error_code"] == 0
+            _, metrics = kp.http_get("/metrics")
+            assert 'kproxy_topology_changes_total{reason="upstream_reconfigured"} 1.0' in metrics
+            assert 'reason="cluster_id"' not in metrics and 'reason="brokers"' not in metrics
+            assert 'kproxy_rebootstrap_total{outcome="upstream_gone"} 1.0' in metrics
+            after.sock.close()
+            before.sock.close()

@@ -36,6 +36,7 @@ from tests.support import stop_process as stop  # noqa: E402
 stop_proc = stop
 
 sys.path.insert(0, str(Path(__file__).parent))
+import rebootstrap_row  # noqa: E402
 from workloads import read_exactly  # noqa: E402
 
 WORKLOADS = Path(__file__).with_name("workloads.py")
@@ -289,11 +290,23 @@ def main() -> int:
     parser.add_argument("--only-scrape", action="store_true",
                         help="run only the /metrics scrape workload; its rows replace "
                         "those in --json and the report is rewritten from it")
+    parser.add_argument("--only", choices=["rebootstrap"],
+                        help="run only this part and put its section into the existing report")
+    parser.add_argument("--rebootstrap-runs", type=int, default=3,
+                        help="runs of five blue/green swaps for the rebootstrap section")
     args = parser.parse_args()
     if args.from_json:
         return report_from_json(args)
     if args.only_scrape:
         return only_scrape(args)
+    if args.only == "rebootstrap":
+        work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
+        data = rebootstrap_row.measure(work, args.rebootstrap_runs, 5)
+        rebootstrap_row.splice(Path(args.out), rebootstrap_row.section(data))
+        Path(args.json).with_name("benchmarks-rebootstrap.json").write_text(
+            json.dumps(data, indent=1))
+        print("\n".join(rebootstrap_row.section(data)))
+        return 0
     smoke = args.smoke
     reps = 1 if smoke else args.reps
     # Long enough (seconds, not fractions of one) that start-up and scheduling noise
@@ -406,8 +419,11 @@ def main() -> int:
         print(f"telemetry: {tel}", flush=True)
         scrapes = scrape_under_load(brokers["kproxy"].bootstrap, work,
                                     (2000,) if smoke else SCRAPE_SIZES, lat_seconds)
+        # The smoke run swaps once with one client: the code path, not a figure.
+        reb = (rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
+               else rebootstrap_row.measure(work, args.rebootstrap_runs, 5))
         elapsed = time.monotonic() - started
-        write_report(paths, tel, counts, args, elapsed, fd_hard, n1k, n100, scrapes)
+        write_report(paths, tel, counts, args, elapsed, fd_hard, n1k, n100, scrapes, reb)
     finally:
         for p in paths:
             if p.process is not None:
@@ -422,10 +438,14 @@ def report_from_json(args: argparse.Namespace) -> int:
     meta = data.pop("_meta")
     tel = data.pop("telemetry")
     scrapes = data.pop("scrape", [])
+    reb = data.pop("rebootstrap", None)
+    alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
+    if reb is None and alone.exists():  # measured on its own (--only rebootstrap)
+        reb = json.loads(alone.read_text())
     paths = [Path_(name, "", None, results) for name, results in data.items()]
     args.smoke, args.reps = meta["smoke"], meta["reps"]
     write_report(paths, tel, meta["counts"], args, meta["elapsed"], meta["fd_hard"],
-                 meta["n1k"], meta["n100"], scrapes)
+                 meta["n1k"], meta["n100"], scrapes, reb)
     return 0
 
 
@@ -446,7 +466,8 @@ def only_scrape(args: argparse.Namespace) -> int:
 
 def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
                  args: argparse.Namespace, elapsed: float, fd_hard: int, n1k: int,
-                 n100: int, scrapes: list[dict[str, float]]) -> None:
+                 n100: int, scrapes: list[dict[str, float]],
+                 reb: dict[str, object] | None = None) -> None:
     direct = paths[0]
 
     def ratio(p: Path_, key: str, field_: str) -> str:
@@ -519,12 +540,13 @@ def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
               f"of the proxy (one process, one core; it used {100 * tel['proxy_cpu']:.0f}% of "
               "a core)", ""]
     lines += scrape_section(scrapes)
+    lines += rebootstrap_row.section(reb)
     lines += targets(paths, tel, counts)
     Path(args.out).write_text("\n".join(lines) + "\n" + SCALING_NOTE)
     meta = {"smoke": args.smoke, "reps": args.reps, "counts": counts, "elapsed": elapsed,
             "fd_hard": fd_hard, "n1k": n1k, "n100": n100}
     Path(args.json).write_text(json.dumps({p.name: p.results for p in paths} | {
-        "telemetry": tel, "scrape": scrapes, "_meta": meta}, indent=1))
+        "telemetry": tel, "scrape": scrapes, "rebootstrap": reb, "_meta": meta}, indent=1))
     print(f"wrote {args.out}")
 
 
