@@ -60,7 +60,7 @@ image:
 # Build (or reuse) the image and run it for real in front of a broker: produce, consume,
 # HEALTHCHECK, uid, SIGTERM drain, client telemetry on /metrics. Also part of `make test`.
 image-test: $(DEV) image-tools
-	$(BIN)/python -m pytest -q -rs -s tests/test_image.py
+	$(BIN)/python -m pytest -q -rs -s tests/e2e/test_image.py
 
 # buildah builds, podman runs (with runc: crun refuses hybrid cgroups), debootstrap makes
 # the base: Debian packages, installed once.
@@ -136,7 +136,7 @@ fuzz: $(DEV)
 	cd fuzz-corpus && $(CURDIR)/$(BIN)/python $(CURDIR)/tests/fuzz/atheris_codecs.py \
 	  -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 codecs
 	KPROXY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider \
-	  --timeout=$$(( 300 + $(FUZZ_EXAMPLES) )) tests/test_fuzz_live.py tests/test_fuzz_decoders.py
+	  --timeout=$$(( 300 + $(FUZZ_EXAMPLES) )) tests/e2e/test_fuzz_live.py tests/unit/test_fuzz_decoders.py
 
 # Mixed produce/consume/group/telemetry traffic through the proxy for SOAK_SECONDS;
 # fails on lost messages or on memory or file descriptors that keep growing.

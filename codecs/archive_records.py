@@ -2,7 +2,7 @@
 
 One JSON object per line. ``ConnectionRecord`` is the inventory record written when a
 client connection closes; the Spark schema in ``pipeline/schemas.py`` reads the same
-fields, and ``tests/test_pipeline.py`` checks that the two agree field by field.
+fields, and ``tests/e2e/test_pipeline.py`` checks that the two agree field by field.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The rebootstrap section of `make bench`: blue/green swaps through kproxy, per client.
 
 Runs ``tests/swap_clients/harness.py`` (the same measurement as
-``tests/test_rebootstrap_clients.py``) on two fresh tansu clusters, ``runs`` times,
+``tests/e2e/test_rebootstrap_clients.py``) on two fresh tansu clusters, ``runs`` times,
 and reports per client the stalls over all swaps (SIGHUP to the first acknowledged
 message on the new cluster), failed, lost and duplicated messages.
 """

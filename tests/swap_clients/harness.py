@@ -7,7 +7,7 @@ topic is read back from both clusters, directly. Per client: the time from each
 SIGHUP to the first acknowledged message that is on the new cluster, failed
 deliveries, and lost and duplicated messages.
 
-Shared by ``tests/test_rebootstrap_clients.py`` (asserts) and the ``make bench``
+Shared by ``tests/e2e/test_rebootstrap_clients.py`` (asserts) and the ``make bench``
 rebootstrap row (reports).
 """
 

@@ -12,7 +12,7 @@ kproxy's own records (its JSON log and its per-connection archive):
 - for clients below v13, which cannot be told: their connections are closed
   (``--legacy-clients close``), and whether they reconnected.
 
-Shared by ``tests/test_rebootstrap_clients.py`` and the ``make bench`` rebootstrap row.
+Shared by ``tests/e2e/test_rebootstrap_clients.py`` and the ``make bench`` rebootstrap row.
 """
 
 from __future__ import annotations

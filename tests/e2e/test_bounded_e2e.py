@@ -1,0 +1,152 @@
+"""Bounded per-client state and a relay that hostile telemetry cannot stall, end to end.
+
+Both tests run ``kproxy run`` as a subprocess in front of a real tansu broker:
+the proxy's memory is read from /proc, and a real librdkafka producer measures
+the relay's latency.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+from confluent_kafka import KafkaError, Message, Producer
+
+from kproxy.embedded_broker import TansuBroker
+
+from ..client_id_flood import flood, settle
+from ..support import kproxy_process
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def metric_value(text: str, sample: str) -> float:
+    """The value of the exposition line for ``sample`` (name and labels), 0 when absent."""
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == sample:
+            return float(value)
+    return 0.0
+
+
+def test_a_flood_of_distinct_long_client_ids_retains_bounded_memory(
+        shared_tansu: TansuBroker, tmp_path: Path) -> None:
+    """2,000 distinct 30 KB client ids (60 MB of ids, each used in four requests that
+    make the proxy remember a client) leave the proxy's RSS within 50 MiB of where it
+    was. Before the bounds, each id cost about 30 KB in the telemetry instances alone
+    (and again in each series label), so the same flood retained hundreds of MB.
+    """
+    ids, size = 2_000, 30_000
+    with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
+        pid = kp.process.pid
+        # Warm-up with short ids: imports, caches and allocator arenas in place.
+        assert trio.run(flood, kp.bootstrap_port, 500, 16) == 500
+        before = settle(pid)
+        assert trio.run(flood, kp.bootstrap_port, ids, size) == ids
+        after = settle(pid)
+        _, text = kp.http_get("/metrics")
+        assert kp.process.poll() is None, kp.log()
+    # The flood went through every path that keeps client state.
+    assert metric_value(text, 'kproxy_requests_total{api="Metadata"}') >= ids
+    assert metric_value(text, 'kproxy_telemetry_requests_total{api="PushTelemetry",'
+                              'error="none"}') >= ids
+    retained = after - before
+    assert retained < 50, f"proxy RSS grew {before:.0f} -> {after:.0f} MiB over the flood"
+
+
+# ---------------------------------------------------------------- hostile telemetry
+
+PHASE_MESSAGES = 250  # synchronous deliveries per measured phase
+PAIRS = 3  # baseline/hostile phase pairs, alternated so that drifting load hits both
+# On a shared, loaded machine a millisecond-scale p99 moves by whole milliseconds
+# between runs of the same code: the ratio alone would make the verdict depend on
+# load. So the hostile p99 (median over phases) may be twice the baseline's plus a
+# fixed allowance; a relay stalled by a push (the defect: tens to hundreds of ms per
+# push, and deliveries timing out) is far outside either.
+RATIO, FLOOR_MS = 2.0, 15.0
+
+
+def produce_phase(producer: Producer, topic: str, n: int) -> tuple[list[float], int]:
+    """``n`` synchronous deliveries; their latencies (ms) and how many failed."""
+    failed = 0
+    latencies = []
+
+    def report(err: KafkaError | None, _msg: Message) -> None:
+        nonlocal failed
+        if err is not None:
+            failed += 1
+
+    for i in range(n):
+        started = time.monotonic()
+        producer.produce(topic, value=b"v%d" % i, on_delivery=report)
+        remaining = producer.flush(30)
+        latencies.append((time.monotonic() - started) * 1000)
+        failed += remaining
+    return latencies, failed
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+def start_hostile(port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_pusher", str(port), "2"],
+                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "pushing" once a push has been answered
+    assert line.startswith("pushing"), line
+    return proc
+
+
+def stop_hostile(proc: subprocess.Popen[str]) -> dict[int, int]:
+    out, _ = proc.communicate("", timeout=60)
+    words = out.split()
+    assert words[0] == "answered", out
+    return {int(k): int(v) for k, v in (kv.split("=") for kv in words[3].split(",") if kv)}
+
+
+def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
+        shared_tansu: TansuBroker, tmp_path: Path) -> None:
+    """Pushes of 1.5 KB that expand to 15 MB of data points, back to back on two
+    connections, beside a live confluent-kafka producer: every delivery succeeds and
+    the producer's p99 stays within RATIO x (plus FLOOR_MS) of its p99 without them.
+    """
+    topic = "bounded-hostile"
+    with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
+        producer = Producer({"bootstrap.servers": kp.bootstrap, "linger.ms": 0,
+                             "acks": "all", "message.timeout.ms": 30_000})
+        _, failed = produce_phase(producer, topic, 50)  # topic created, connections warm
+        assert failed == 0
+        baseline, hostile, failures = [], [], 0
+        refused: dict[int, int] = {}
+        for _ in range(PAIRS):
+            latencies, failed = produce_phase(producer, topic, PHASE_MESSAGES)
+            baseline.append(p99(latencies))
+            failures += failed
+            pusher = start_hostile(kp.bootstrap_port)
+            try:
+                latencies, failed = produce_phase(producer, topic, PHASE_MESSAGES)
+            finally:
+                answers = stop_hostile(pusher)
+            hostile.append(p99(latencies))
+            failures += failed
+            assert answers.get(87, 0) >= 1, answers  # the stream ran during the phase
+            for code, n in answers.items():
+                refused[code] = refused.get(code, 0) + n
+        _, text = kp.http_get("/metrics")
+        assert kp.process.poll() is None, kp.log()
+    assert failures == 0
+    # Every hostile push was refused as INVALID_RECORD, and counted as over a limit.
+    assert set(refused) == {87}, refused
+    over = metric_value(text, 'kproxy_telemetry_pushes_over_limit_total{limit="points"}')
+    assert over >= refused[87]
+    base_p99, hostile_p99 = statistics.median(baseline), statistics.median(hostile)
+    print(f"producer p99 per phase: baseline {baseline} hostile {hostile}; "
+          f"{refused[87]} hostile pushes refused")
+    assert hostile_p99 <= RATIO * base_p99 + FLOOR_MS, (
+        f"p99 {hostile_p99:.1f} ms under hostile pushes vs {base_p99:.1f} ms without")

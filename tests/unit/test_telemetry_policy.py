@@ -1,0 +1,186 @@
+"""Telemetry policy and metric store, as pure logic: broker semantics field by field."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from kproxy.codecs import compression
+from kproxy.policies import telemetry as t
+from kproxy.policies.telemetry_store import MetricsStore, label_name, metric_name
+
+from ..otlp_samples import librdkafka_like_payload
+
+ATTRS = {"client_id": "app-1", "client_software_name": "confluent-kafka-python",
+         "client_software_version": "2.16.1", "client_source_address": "10.0.0.7",
+         "client_source_port": "51234"}
+ID = uuid.UUID("11111111-2222-3333-4444-555555555555")
+
+
+def subs(*entries: dict[str, object]) -> tuple[t.Subscription, ...]:
+    return t.parse_subscriptions(entries)
+
+
+def settings(*entries: dict[str, object], **kw: object) -> t.TelemetrySettings:
+    return t.TelemetrySettings(subscriptions=subs(*entries), **kw)  # type: ignore[arg-type]
+
+
+def test_union_of_matching_subscriptions_and_smallest_interval() -> None:
+    s = settings(
+        {"name": "producers", "metrics": ["org.apache.kafka.producer."], "interval_ms": 5000,
+         "match": {"client_software_name": "confluent-.*"}},
+        {"name": "latency", "metrics": ["org.apache.kafka.consumer.fetch"], "interval_ms": 2000,
+         "match": {"client_id": "app-\\d+", "client_source_address": "10\\..*"}},
+        {"name": "other", "metrics": ["x"], "interval_ms": 100, "match": {"client_id": "app"}},
+    )
+    r = t.resolve(s, ID, ATTRS)
+    assert r.requested_metrics == ("org.apache.kafka.consumer.fetch",
+                                   "org.apache.kafka.producer.")
+    assert r.interval_ms == 2000  # "other" needs a full match of client_id: it does not apply
+
+
+def test_star_means_all_and_no_match_means_nothing() -> None:
+    everything = t.resolve(settings({"metrics": ["*", "a"], "interval_ms": 1000}), ID, ATTRS)
+    assert everything.requested_metrics == ("",)
+    nothing = t.resolve(settings({"metrics": ["a"], "match": {"client_id": "other"}}), ID, ATTRS)
+    assert nothing.requested_metrics == () and nothing.interval_ms == t.DEFAULT_INTERVAL_MS
+
+
+def test_subscription_id_is_deterministic_and_tracks_config_and_instance() -> None:
+    a = settings({"metrics": ["*"], "interval_ms": 1000})
+    assert t.resolve(a, ID, ATTRS).subscription_id == t.resolve(a, ID, ATTRS).subscription_id
+    other_instance = t.resolve(a, uuid.UUID(int=7), ATTRS).subscription_id
+    assert other_instance != t.resolve(a, ID, ATTRS).subscription_id
+    b = settings({"metrics": ["*"], "interval_ms": 2000})
+    assert t.resolve(b, ID, ATTRS).subscription_id != t.resolve(a, ID, ATTRS).subscription_id
+    assert -(2**31) <= t.resolve(a, ID, ATTRS).subscription_id < 2**31
+
+
+@pytest.mark.parametrize(("entry", "needle"), [
+    ({"metrics": "*"}, "metrics must be a list"),
+    ({"metrics": ["*"], "interval_ms": 50}, "interval_ms must be 100..3600000"),
+    ({"metrics": ["*"], "match": {"hostname": "x"}}, "match.hostname: not one of"),
+    ({"metrics": ["*"], "match": {"client_id": "("}}, "match.client_id: bad regex"),
+    ({"metrics": ["*"], "intervl_ms": 5}, "unknown field"),
+])
+def test_bad_subscriptions_are_named(entry: dict[str, object], needle: str) -> None:
+    with pytest.raises(t.PolicyError, match=needle):
+        t.parse_subscriptions([{"name": "s1", **entry}])
+
+
+def _state(**kw: object) -> t.TelemetryState:
+    return t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 1000}, **kw),
+                            new_instance_id=lambda: ID)
+
+
+def test_get_assigns_an_id_then_keeps_it_and_throttles() -> None:
+    st = _state()
+    first = st.get_subscriptions(uuid.UUID(int=0), ATTRS, now=10_000)
+    assert first.error_code == t.NONE and first.instance and first.instance.instance_id == ID
+    again = st.get_subscriptions(ID, ATTRS, now=10_500)
+    assert again.error_code == t.THROTTLING_QUOTA_EXCEEDED
+    assert st.get_subscriptions(ID, ATTRS, now=11_000).error_code == t.NONE
+
+
+def test_push_checks_in_broker_order() -> None:
+    st = _state(max_bytes=2000)
+    inst = st.get_subscriptions(ID, ATTRS, now=10_000).instance
+    assert inst is not None
+    sub = inst.resolved.subscription_id
+    payload = compression.compress(4, librdkafka_like_payload())
+    # First push right after a Get is accepted even inside the interval.
+    assert st.push(ID, sub, False, 4, payload, ATTRS, now=10_100).error_code == t.NONE
+    # Early push: throttled, whatever else is wrong with it.
+    assert st.push(ID, sub + 1, False, 9, payload, ATTRS, now=10_200).error_code == (
+        t.THROTTLING_QUOTA_EXCEEDED)
+    assert st.push(ID, sub + 1, False, 9, payload, ATTRS, now=11_200).error_code == (
+        t.UNKNOWN_SUBSCRIPTION_ID)
+    assert st.push(ID, sub, False, 9, payload, ATTRS, now=12_300).error_code == (
+        t.UNSUPPORTED_COMPRESSION_TYPE)
+    assert st.push(ID, sub, False, 0, b"x" * 2001, ATTRS, now=13_400).error_code == (
+        t.TELEMETRY_TOO_LARGE)
+    assert st.push(ID, sub, False, 4, b"\x28\xb5\x2f\xfd garbage", ATTRS,
+                   now=14_500).error_code == t.INVALID_RECORD
+    ok = st.push(ID, sub, False, 4, payload, ATTRS, now=15_600)
+    assert ok.error_code == t.NONE and ok.metrics
+
+
+def test_zero_instance_id_push_is_invalid() -> None:
+    st = _state()
+    assert st.push(uuid.UUID(int=0), 0, False, 0, b"", ATTRS, now=1).error_code == (
+        t.INVALID_REQUEST)
+
+
+def test_terminating_push_is_accepted_once_even_early() -> None:
+    st = _state()
+    inst = st.get_subscriptions(ID, ATTRS, now=10_000).instance
+    assert inst is not None
+    sub = inst.resolved.subscription_id
+    assert st.push(ID, sub, False, 0, b"", ATTRS, now=10_100).error_code == t.NONE
+    assert st.push(ID, sub, True, 0, b"", ATTRS, now=10_200).error_code == t.NONE
+    assert st.push(ID, sub, True, 0, b"", ATTRS, now=10_300).error_code == t.INVALID_REQUEST
+
+
+def test_reconfigure_makes_the_old_subscription_stale() -> None:
+    st = _state()
+    inst = st.get_subscriptions(ID, ATTRS, now=10_000).instance
+    assert inst is not None
+    st.reconfigure(settings({"metrics": ["org."], "interval_ms": 1000}))
+    stale = st.push(ID, inst.resolved.subscription_id, False, 0, b"", ATTRS, now=10_100)
+    assert stale.error_code == t.UNKNOWN_SUBSCRIPTION_ID
+    # After a 117 the client may fetch again at once.
+    fresh = st.get_subscriptions(ID, ATTRS, now=10_200)
+    assert fresh.error_code == t.NONE and fresh.instance
+    assert fresh.instance.resolved.requested_metrics == ("org.",)
+
+
+def test_expiry_and_lru_bound_forget_instances() -> None:
+    forgotten: list[uuid.UUID] = []
+    st = t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 1000}, max_instances=3),
+                          on_forget=forgotten.append)
+    ids = [uuid.UUID(int=i) for i in range(1, 6)]
+    for i, iid in enumerate(ids):
+        st.get_subscriptions(iid, ATTRS, now=1000 + i)
+    assert list(st.instances) == ids[2:] and forgotten == ids[:2]  # LRU bound
+    assert st.expire(now=1000 + 60_000) == 0  # max(60 s, 3 x interval) not yet passed
+    assert st.expire(now=1005 + 60_001) == 3 and not st.instances
+
+
+def test_store_kinds_names_and_labels() -> None:
+    from kproxy.codecs import otlp
+
+    store = MetricsStore(prefix="kafka_client_")
+    stats = store.ingest(ID, {"client_instance_id": str(ID), "client_id": "app"},
+                         otlp.decode_metrics_data(librdkafka_like_payload(points=2)), False)
+    assert stats.points == 5 and not stats.dropped_by_cap
+    families = {f.name: (f.kind, rows) for f, rows in store.snapshot()}
+    total_name = "kafka_client_org_apache_kafka_producer_connection_creation"
+    assert families[total_name][0] == "counter"
+    latency = families["kafka_client_org_apache_kafka_producer_node_request_latency_avg"]
+    assert latency[0] == "gauge"
+    assert sorted(dict(labels)["node_id"] for labels, _ in latency[1]) == ["0", "1"]
+    kind, [(labels, hist)] = families["kafka_client_org_apache_kafka_producer_record_queue_time"]
+    assert kind == "histogram" and dict(labels)["client_id"] == "app"
+    assert hist.cumulative_buckets() == [("1.0", 1.0), ("5.0", 3.0), ("+Inf", 6.0)]
+    assert metric_name("", "a.b-c") == "a_b_c" and label_name("client_id") == "attr_client_id"
+
+
+def test_store_accumulates_deltas_and_caps_series() -> None:
+    from kproxy.codecs import otlp
+
+    def delta_payload(value: int, node: int) -> list[otlp.ResourceMetrics]:
+        return [otlp.ResourceMetrics({}, [otlp.ScopeMetrics("s", "1", [otlp.Metric(
+            "requests", "", "", "sum", "delta", True,
+            [otlp.NumberPoint({"node.id": node}, 0, 0, value)])])])]
+
+    store = MetricsStore(max_series=2)
+    store.ingest(ID, {}, delta_payload(3, 1), delta=True)
+    store.ingest(ID, {}, delta_payload(4, 1), delta=True)
+    [(fam, [(labels, series)])] = store.snapshot()
+    assert series.value == 7 and fam.kind == "counter" and dict(labels)["node_id"] == "1"
+    store.ingest(ID, {}, delta_payload(1, 2), delta=True)
+    capped = store.ingest(ID, {}, delta_payload(1, 3), delta=True)
+    assert capped.dropped_by_cap == 1 and store.total == 2
+    store.forget(ID)
+    assert store.total == 0 and store.snapshot() == []
