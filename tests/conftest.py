@@ -45,6 +45,18 @@ def tansu(tmp_path: Path) -> Iterator[TansuBroker]:
         yield broker
 
 
+@pytest.fixture
+def blue_green(tmp_path: Path) -> Iterator[tuple[TansuBroker, TansuBroker]]:
+    """Two single-broker clusters, "blue" and "green", for swaps behind the proxy."""
+    blue = TansuBroker(cluster_id="blue", log_path=tmp_path / "blue.log").start()
+    green = TansuBroker(cluster_id="green", log_path=tmp_path / "green.log").start()
+    try:
+        yield blue, green
+    finally:
+        blue.stop()
+        green.stop()
+
+
 @pytest.fixture(scope="session")
 def shared_tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
     """One broker for the tests that only need *a* broker and use their own topics."""

@@ -34,7 +34,7 @@ _POINTS = 7_800_000
 def bomb(points: int = _POINTS) -> bytes:
     """MetricsData with ``points`` empty gauge points, zstd-compressed."""
     def field(number: int, body: bytes) -> bytes:
-        return _varint(number << 3 | 2) + _varint(len(body)) + body
+        return varint(number << 3 | 2) + varint(len(body)) + body
 
     gauge = b"\x0a\x00" * points
     metric = field(1, b"bomb") + field(5, gauge)
@@ -42,7 +42,7 @@ def bomb(points: int = _POINTS) -> bytes:
     return compression.compress(4, data)
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while True:
         out.append(n & 0x7F | (0x80 if n > 0x7F else 0))

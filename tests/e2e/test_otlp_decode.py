@@ -25,7 +25,7 @@ from kproxy.codecs.otlp_decode import (
 from kproxy.pacing import Pacer
 from kproxy.policies import telemetry as t
 
-from ..hostile_pusher import bomb
+from ..hostile_pusher import bomb, varint
 from ..otlp_samples import kv, librdkafka_like_payload
 
 
@@ -127,17 +127,8 @@ def _payload_with(**shape: int) -> bytes:
     if shape.get("extra_fields"):
         # Empty schema_url fields in a ScopeMetrics: walked, never points.
         scope = b"\x1a\x00" * shape["extra_fields"]
-        data += b"\x0a" + _varint(len(scope) + 3) + b"\x12" + _varint(len(scope)) + scope
+        data += b"\x0a" + varint(len(scope) + 3) + b"\x12" + varint(len(scope)) + scope
     return data
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append(n & 0x7F | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
 
 
 LIMITS = DecodeLimits(max_points=100, max_metrics=10, max_fields=500, max_attributes=8,
@@ -282,7 +273,7 @@ def test_nested_attribute_values_are_bounded_in_depth_and_length() -> None:
     from kproxy.codecs.errors import CodecError
 
     def field(number: int, body: bytes) -> bytes:
-        return _varint(number << 3 | 2) + _varint(len(body)) + body
+        return varint(number << 3 | 2) + varint(len(body)) + body
 
     def payload(any_value: bytes) -> bytes:
         """Written directly: protobuf will not build messages nested past its limit."""

@@ -31,21 +31,10 @@ LIBRDKAFKA_MEDIAN_S = 1.0  # the target of issue 21
 ANY_CLIENT_MAX_S = 30.0  # far above every client's retry back-off: only "it came through"
 
 
-@pytest.fixture
-def clusters(tmp_path: Path) -> Iterator[tuple[TansuBroker, TansuBroker]]:
-    blue = TansuBroker(cluster_id="blue", log_path=tmp_path / "blue.log").start()
-    green = TansuBroker(cluster_id="green", log_path=tmp_path / "green.log").start()
-    try:
-        yield blue, green
-    finally:
-        blue.stop()
-        green.stop()
-
-
 @pytest.mark.timeout(600)
-def test_five_swaps_per_client(clusters: tuple[TansuBroker, TansuBroker],
+def test_five_swaps_per_client(blue_green: tuple[TansuBroker, TansuBroker],
                                tmp_path: Path) -> None:
-    blue, green = clusters
+    blue, green = blue_green
     run = run_swaps(blue.bootstrap, green.bootstrap, tmp_path, ALL_CLIENTS, SWAPS)
     results = run.results
     print("\n" + table(results) + "\nstalls per swap (ms):\n" + stalls_line(results)

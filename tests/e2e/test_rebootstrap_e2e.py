@@ -24,17 +24,6 @@ from ..support import kproxy_process
 pytestmark = pytest.mark.broker
 
 
-@pytest.fixture
-def blue_green(tmp_path: Path) -> Iterator[tuple[TansuBroker, TansuBroker]]:
-    blue = TansuBroker(cluster_id="blue", log_path=tmp_path / "blue.log").start()
-    green = TansuBroker(cluster_id="green", log_path=tmp_path / "green.log").start()
-    try:
-        yield blue, green
-    finally:
-        blue.stop()
-        green.stop()
-
-
 def create_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
