@@ -9,6 +9,7 @@ cannot drift apart. Any bad value raises ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -19,12 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.options import (
-    LIMIT_OPTIONS,
     OPTIONS,
     OPTIONS_BY_NAME,
-    OTLP_OPTIONS,
     RESTART_ONLY,
-    SECURITY_OPTIONS,
     ConfigError,
     HostPort,
     Option,
@@ -245,24 +243,14 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         advertised = socket.getfqdn() if listen_host in ("0.0.0.0", "::", "") else listen_host
     base = v["broker_port_base"] or listen_port + 1
     bind_base = v["broker_bind_port_base"] or base
-    cfg = Config(
-        upstream=v["upstream"], listen=v["listen"], advertised_host=advertised,
-        broker_port_base=base, broker_bind_host=v["broker_bind_host"] or listen_host,
-        broker_bind_port_base=bind_base, node_id_range=v["node_id_range"], http=v["http"],
-        reuse_port=v["reuse_port"], workers=v["workers"], log_format=v["log_format"],
-        log_level=v["log_level"],
-        max_frame_bytes=v["max_frame_bytes"], max_inflight=v["max_inflight"],
-        connect_timeout=v["connect_timeout"], write_timeout=v["write_timeout"],
-        discovery_interval=v["discovery_interval"],
-        config_watch_interval=v["config_watch_interval"], archive=v["archive"] or None,
-        archive_max_file_bytes=v["archive_max_file_bytes"],
-        archive_max_file_seconds=v["archive_max_file_seconds"],
-        archive_max_total_bytes=v["archive_max_total_bytes"],
-        archive_queue_records=v["archive_queue_records"], legacy_clients=v["legacy_clients"],
-        admin=v["admin"], drain_timeout=v["drain_timeout"],
-        telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
-        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS + OTLP_OPTIONS},
-    )
+    # Every option that is a field of its own comes straight from the table; the
+    # telemetry_* options make up the telemetry field. Only derived defaults are named.
+    fields = {f.name for f in dataclasses.fields(Config)}
+    cfg = Config(**{o.name: v[o.name] for o in OPTIONS if o.name in fields} | {
+        "advertised_host": advertised, "broker_port_base": base,
+        "broker_bind_host": v["broker_bind_host"] or listen_host,
+        "broker_bind_port_base": bind_base, "archive": v["archive"] or None,
+        "telemetry": _telemetry_config(v, extra, path), "source": path, "extra": extra})
     _check_security(cfg)
     try:
         pm = cfg.port_map

@@ -84,3 +84,16 @@ def test_help_documents_every_option_with_its_variable() -> None:
     flat = " ".join(out.split())
     for opt in config_mod.OPTIONS:
         assert opt.flag in flat and opt.env in flat
+
+
+def test_every_option_is_a_config_field_and_every_field_an_option() -> None:
+    """The option table is the one declaration: Config's typed fields mirror it exactly
+    (the telemetry_* options, besides the OTLP ones, make up Config.telemetry)."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_mod.Config)}
+    own = fields - {"telemetry", "source", "extra"}
+    options = {o.name for o in config_mod.OPTIONS}
+    in_telemetry = {n for n in options if n == "telemetry" or (
+        n.startswith("telemetry_") and not n.startswith("telemetry_otlp_"))}
+    assert own == options - in_telemetry
