@@ -19,6 +19,7 @@ from typing import Any
 from kproxy.codecs import compression, otlp
 from kproxy.codecs.compression import DecompressionLimitExceeded
 from kproxy.codecs.crc32c import crc32c
+from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.otlp_decode import (
     DEFAULT_LIMITS,
@@ -28,16 +29,16 @@ from kproxy.codecs.otlp_decode import (
 )
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 
-# Kafka error codes used by the telemetry APIs.
-NONE = 0
-INVALID_REQUEST = 42
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
-THROTTLING_QUOTA_EXCEEDED = 89
-UNKNOWN_SUBSCRIPTION_ID = 117
-TELEMETRY_TOO_LARGE = 118
+# Kafka error codes used by the telemetry APIs (names kept short for the checks below).
+NONE = ErrorCode.NONE
+INVALID_REQUEST = ErrorCode.INVALID_REQUEST
+UNSUPPORTED_COMPRESSION_TYPE = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+INVALID_RECORD = ErrorCode.INVALID_RECORD
+THROTTLING_QUOTA_EXCEEDED = ErrorCode.THROTTLING_QUOTA_EXCEEDED
+UNKNOWN_SUBSCRIPTION_ID = ErrorCode.UNKNOWN_SUBSCRIPTION_ID
+TELEMETRY_TOO_LARGE = ErrorCode.TELEMETRY_TOO_LARGE
 
-ERROR_NAMES = {
+ERROR_NAMES: dict[int, str] = {
     NONE: "none", INVALID_REQUEST: "invalid_request",
     UNSUPPORTED_COMPRESSION_TYPE: "unsupported_compression_type",
     INVALID_RECORD: "invalid_record", THROTTLING_QUOTA_EXCEEDED: "throttling_quota_exceeded",
