@@ -23,13 +23,18 @@ run: $(DEV)
 test: $(DEV) lint test-tools bench-tools
 	$(BIN)/python -m pytest -q
 
-# System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy.
+# System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
+# kcat (Debian package, librdkafka 2.0.2) is a client of the compatibility tests.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-tools:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing prometheus (Debian package) for the scrape test"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "installing kcat (Debian package) for the compatibility tests"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat; }
 
 # mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
 # symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kproxy.codecs import api_keys
+from kproxy.codecs.canonical import omit_default_tags
 from kproxy.codecs.headers import read_response_header
 from kproxy.codecs.interpreter import NO_FIELDS, encode_top_level_tags, read_top_level_tags
 from kproxy.codecs.messages import Response, decode_response, encode_response
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
+from kproxy.codecs.schemas import metadata
 from kproxy.policies.addressing import BrokerAddress, PortMap
 
 COORDINATOR_NOT_AVAILABLE = 15
@@ -65,6 +67,7 @@ _OPAQUE = {api_keys.METADATA: METADATA_OPAQUE}
 
 
 def rewrite_metadata(body: Body, pm: PortMap) -> Seen:
+    omit_default_tags(metadata.RESPONSE, body)  # re-encoded anyway: canonical form
     seen = Seen(complete=True, cluster_id=body.get("cluster_id"))
     body["brokers"] = rewrite_broker_list(body["brokers"], pm, seen)
     return seen
@@ -132,6 +135,8 @@ def rewrite_response_frame(api_key: int, api_version: int, frame: bytes | memory
     rewrite = _DECODED_REWRITES.get(api_key)
     if rewrite is not None:
         resp = decode_response(frame, api_key, api_version, _OPAQUE.get(api_key, NO_FIELDS))
+        # Re-encoded anyway, so written in Kafka's canonical form (see codecs.canonical).
+        omit_default_tags(DECODED[api_key].response, resp.body)
         seen = rewrite(resp.body, api_version, pm)
         return Rewritten(encode_response(resp), seen, resp)
     return _rewrite_node_endpoints(api_key, api_version, frame, pm)
