@@ -24,8 +24,8 @@ def available() -> bool:
 
 def version() -> str:
     out = subprocess.run([KCAT, "-V"], capture_output=True, text=True, timeout=10).stdout
-    m = re.search(r"librdkafka version ([0-9.]+)", out)
-    k = re.search(r"kcat - .*?version ([0-9.]+)", out) or re.search(r"Version ([0-9.]+)", out)
+    m = re.search(r"librdkafka ([0-9.]+)", out)
+    k = re.search(r"Version ([0-9.]+)", out)
     return f"{k.group(1) if k else '?'} (librdkafka {m.group(1) if m else '?'})"
 
 
