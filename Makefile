@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-tools lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
+.PHONY: run test test-tools compat compat-tools compat-test-tools lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(DEV): pyproject.toml | $(BIN)/python
 run: $(DEV)
 	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP) --archive run/archive
 
-test: $(DEV) lint test-tools bench-tools
+test: $(DEV) lint test-tools bench-tools compat-test-tools
 	$(BIN)/python -m pytest -q
 
 # System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
@@ -35,6 +35,20 @@ test-tools:
 	  echo "installing kcat (Debian package) for the compatibility tests"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat; }
+
+# The client compatibility matrix: every client direct against tansu and through kproxy.
+# Each client gets its own environment under .compat/ (git-ignored); installs are
+# idempotent. Writes docs/compatibility.md and fails if a client that passes direct
+# fails through kproxy.
+compat: $(DEV) test-tools compat-tools
+	$(BIN)/python -m tests.compat.matrix
+
+compat-tools: $(DEV)
+	$(BIN)/python tests/compat/install.py
+
+# The subset `make test` runs (tests/test_compat_clients.py): kcat and kafkajs.
+compat-test-tools: $(DEV) test-tools
+	$(BIN)/python tests/compat/install.py kafkajs
 
 # mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
 # symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.
@@ -100,4 +114,4 @@ bench-tools:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis fuzz-corpus
+	rm -rf $(VENV) .compat build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis fuzz-corpus

@@ -37,7 +37,7 @@ class Client:
 NODE22 = "22.23.3"  # the `node` npm package: a Node 22 binary from the npm registry
 
 CLIENTS: tuple[Client, ...] = (
-    Client("kcat (Debian 12)", "", "system", "system", "kcat"),
+    Client("kcat (Debian 12)", "kcat", "system", "system", "kcat"),
     Client("confluent-kafka", "confluent-kafka", "2.16.1", "pypi", "confluent.py",
            note="newest"),
     Client("confluent-kafka", "confluent-kafka", "2.6.2", "pypi", "confluent.py"),
