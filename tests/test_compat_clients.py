@@ -9,7 +9,6 @@ kafkajs (npm, installed under .compat/ by `make compat-test-tools`) passes both 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
