@@ -1,9 +1,10 @@
 """ApiVersions rewriting: never let a client pick a version the proxy cannot read.
 
 Every API the proxy decodes is capped to the versions its schemas know; an API
-whose whole range is above that is removed. APIs that carry broker addresses in
-a form the proxy does not rewrite yet (share groups' NodeEndpoints) are hidden,
-so clients never learn a backend address through them.
+whose whole range is above that is removed. That includes every response that
+carries broker addresses (share groups' NodeEndpoints too, since they are rewritten),
+so a client never learns a backend address through a version the proxy cannot read.
+An API listed in ``HIDDEN_APIS`` would be left out entirely; none is today.
 
 The response is written in Kafka's canonical form (tagged fields at their default
 left out): tansu writes all four ApiVersions tags even at their defaults, and
@@ -21,8 +22,9 @@ from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schemas import api_versions
 from kproxy.policies.metadata_bridge import advertised_metadata_max
 
-# ShareFetch / ShareAcknowledge carry NodeEndpoints that this proxy does not rewrite.
-HIDDEN_APIS = frozenset({api_keys.SHARE_FETCH, api_keys.SHARE_ACKNOWLEDGE})
+# APIs kept from clients altogether. ShareFetch and ShareAcknowledge were, until their
+# NodeEndpoints were rewritten; they are now capped like every decoded API.
+HIDDEN_APIS: frozenset[int] = frozenset()
 
 
 def default_caps() -> dict[int, int]:

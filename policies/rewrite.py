@@ -20,6 +20,7 @@ from kproxy.codecs.messages import Response, decode_response, encode_response
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schemas import metadata
+from kproxy.codecs.tail import encode_tail, read_tail
 from kproxy.policies.addressing import BrokerAddress, PortMap
 
 COORDINATOR_NOT_AVAILABLE = 15
@@ -110,8 +111,11 @@ _DECODED_REWRITES = {
     api_keys.FIND_COORDINATOR: rewrite_find_coordinator,
 }
 
-# First version of Produce / Fetch responses that may carry NodeEndpoints (KIP-951).
-NODE_ENDPOINTS_SINCE = {api_keys.PRODUCE: 10, api_keys.FETCH: 16}
+# First version of responses that may carry NodeEndpoints (KIP-951, KIP-932).
+NODE_ENDPOINTS_SINCE = {api_keys.PRODUCE: 10, api_keys.FETCH: 16, api_keys.SHARE_FETCH: 0,
+                        api_keys.SHARE_ACKNOWLEDGE: 0}
+# Where NodeEndpoints is a regular field (the last one) rather than a top-level tag.
+_REGULAR_ENDPOINTS = frozenset({api_keys.SHARE_FETCH, api_keys.SHARE_ACKNOWLEDGE})
 
 
 def carries_addresses(api_key: int, api_version: int) -> bool:
@@ -144,15 +148,26 @@ def rewrite_response_frame(api_key: int, api_version: int, frame: bytes | memory
 
 def _rewrite_node_endpoints(api_key: int, api_version: int, frame: bytes | memoryview,
                             pm: PortMap) -> Rewritten:
-    """Walk a Produce/Fetch response to its tag section; records are skipped, not copied."""
+    """Walk a response to its NodeEndpoints; records are skipped, not copied.
+
+    Produce/Fetch keep them in the top-level tag section, ShareFetch/ShareAcknowledge
+    as the last regular field: either way everything before them is kept as bytes
+    and only they (and what follows them) are re-encoded.
+    """
     spec = DECODED[api_key].response
     r = Reader(frame)
     read_response_header(r, api_key, api_version)
-    start, tags = read_top_level_tags(spec, api_version, r)
-    endpoints = tags.get("node_endpoints")
+    if api_key in _REGULAR_ENDPOINTS:
+        start, tail = read_tail(spec, api_version, r, "node_endpoints")
+    else:
+        start, tail = read_top_level_tags(spec, api_version, r)
+    endpoints = tail.get("node_endpoints")
     seen = Seen()
     if not endpoints:
         return Rewritten(None, seen)
-    tags["node_endpoints"] = rewrite_broker_list(endpoints, pm, seen)
-    head = memoryview(frame)[:start]
-    return Rewritten(bytes(head) + encode_top_level_tags(spec, api_version, tags), seen)
+    tail["node_endpoints"] = rewrite_broker_list(endpoints, pm, seen)
+    if api_key in _REGULAR_ENDPOINTS:
+        encoded = encode_tail(spec, api_version, "node_endpoints", tail)
+    else:
+        encoded = encode_top_level_tags(spec, api_version, tail)
+    return Rewritten(bytes(memoryview(frame)[:start]) + encoded, seen)
