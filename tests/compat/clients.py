@@ -51,7 +51,8 @@ CLIENTS: tuple[Client, ...] = (
     Client("@platformatic/kafka", "@platformatic/kafka", "2.12.1", "npm", "platformatic.mjs",
            note="newest", node22=True),
     Client("@confluentinc/kafka-javascript", "@confluentinc/kafka-javascript", "1.10.1", "npm",
-           "confluent_js.mjs", note="newest", build_from_source=True),
+           "confluent_js.mjs", note="newest; built here from its bundled librdkafka",
+           build_from_source=True),
 )
 
 

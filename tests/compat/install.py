@@ -49,6 +49,9 @@ def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = N
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines()
                  if ln.strip() and not ln.startswith("WARNING: Location")]
+        if any("No matching distribution" in ln for ln in lines):
+            raise RuntimeError("the registry has no wheel of this version for Python "
+                               f"{sys.version_info.major}.{sys.version_info.minor}")
         errors = [ln for ln in lines if "rror" in ln] or lines
         raise RuntimeError(" | ".join(errors[-3:])[-600:])
 

@@ -36,6 +36,8 @@ class Row:
 
 
 def _cell(outcome: object) -> str:
+    if str(getattr(outcome, "error", "")).startswith("cannot be installed"):
+        return "not run"
     return "pass" if getattr(outcome, "ok", False) else "**fail**"
 
 
@@ -49,6 +51,9 @@ def _notes(row: Row) -> str:
                 notes.append(f"{step}: {state.split(':', 1)[1].strip()}")
         break
     for label, outcome in (("direct", row.direct), ("kproxy", row.proxied)):
+        if _cell(outcome) == "not run":
+            notes.append(outcome.first_failure())  # type: ignore[attr-defined]
+            break
         if not getattr(outcome, "ok", False):
             notes.append(f"{label}: {outcome.first_failure()[:160]}")  # type: ignore[attr-defined]
     return "; ".join(n.replace("|", "/").replace("\n", " ") for n in notes)
@@ -64,11 +69,12 @@ def write_report(rows: list[Row], out: Path) -> None:
                      f"{_cell(row.proxied)} | {_notes(row)} |")
     failing = [r for r in rows if not getattr(r.direct, "ok", False)]
     if failing:
-        lines += ["", "## Clients that fail direct", ""]
+        lines += ["", "## Clients that fail direct, or do not run here", ""]
         for row in failing:
             text = EXPLANATIONS.get(row.client.slug) or EXPLANATIONS.get(row.client.driver) or (
                 "Not yet analysed: " + row.direct.first_failure())  # type: ignore[attr-defined]
-            fixed = "yes" if getattr(row.proxied, "ok", False) else "no"
-            lines += [f"### {row.client.name} {row.version}", "", text, "",
-                      f"Fixed by kproxy: **{fixed}**.", ""]
+            lines += [f"### {row.client.name} {row.version}", "", text, ""]
+            if _cell(row.direct) != "not run":
+                fixed = "yes" if getattr(row.proxied, "ok", False) else "no"
+                lines += [f"Fixed by kproxy: **{fixed}**.", ""]
     out.write_text("\n".join(lines).rstrip() + "\n")
