@@ -37,11 +37,12 @@ from .test_proxy_inprocess import start_proxy
 st.register_type_strategy(Records, st.binary(max_size=48).map(Records))
 
 PM = PortMap("proxy.example", 30000, 40000, 0, 9)
-# (api key, kio module, versions): every response version that carries NodeEndpoints.
+# (api key, kio module, version): the versions no local broker speaks. Produce v10-12
+# and Fetch are covered by the captured vectors; kio's strategies are slow (tens of
+# seconds a case on a loaded machine), so the list stays short.
 CASES = [(api_keys.SHARE_FETCH, "share_fetch", v) for v in (1, 2)] + [
     (api_keys.SHARE_ACKNOWLEDGE, "share_acknowledge", v) for v in (1, 2)] + [
-    (api_keys.PRODUCE, "produce", v) for v in (10, 11, 12, 13)] + [
-    (api_keys.FETCH, "fetch", v) for v in (16, 17)]
+    (api_keys.PRODUCE, "produce", 13)]
 
 
 def _entity(module: str, version: int) -> Any:
