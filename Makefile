@@ -6,7 +6,7 @@ DEV    := $(VENV)/.installed-dev
 PORT   ?= 9092
 HTTP   ?= 9080
 
-.PHONY: run test test-loaded test-tools test-js image image-tools image-test lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
+.PHONY: run test test-loaded test-tools test-js compat compat-tools compat-test-tools image image-tools image-test lint typecheck-tree fmt clean vectors image-check fleet-report bench-pipeline bench bench-tools fuzz soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,18 +21,19 @@ run: $(DEV)
 	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP) --archive run/archive
 
 # -rs: a skipped test says why (the container test needs buildah and podman).
-test: $(DEV) lint test-tools test-js bench-tools image-tools
+test: $(DEV) lint test-tools test-js bench-tools image-tools compat-test-tools
 	$(BIN)/python -m pytest -q -rs
 
 # The whole suite LOADED_RUNS times in a row while a CPU hog keeps every core busy:
 # a test whose verdict depends on the machine's load fails here.
 LOADED_RUNS ?= 3
-test-loaded: $(DEV) test-tools test-js bench-tools image-tools
+test-loaded: $(DEV) test-tools test-js bench-tools image-tools compat-test-tools
 	$(BIN)/python tests/loaded/run_loaded.py --runs $(LOADED_RUNS)
 
 # System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
 # headless Chromium (Debian package) loads the status page; kubectl (Debian's
-# kubernetes-client, unless one is installed) renders the kustomizations.
+# kubernetes-client, unless one is installed) renders the kustomizations; kcat (Debian
+# package, librdkafka 2.0.2) is a client of the compatibility tests.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-tools:
 	@command -v prometheus >/dev/null 2>&1 || { \
@@ -47,6 +48,10 @@ test-tools:
 	  echo "installing kubernetes-client (Debian package) for kubectl kustomize"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client; }
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "installing kcat (Debian package) for the compatibility tests"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat; }
 
 # The container image: `docker build` when a Docker engine answers, else Debian's buildah
 # (storage driver vfs, isolation chroot); a base that cannot be pulled is made with
@@ -83,6 +88,20 @@ $(JS_CLIENTS): tests/js/package.json tests/js/package-lock.json
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; }
 	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# The client compatibility matrix: every client direct against tansu and through kproxy.
+# Each client gets its own environment under .compat/ (git-ignored); installs are
+# idempotent. Writes docs/compatibility.md and fails if a client that passes direct
+# fails through kproxy.
+compat: $(DEV) test-tools compat-tools
+	$(BIN)/python -m tests.compat.matrix
+
+compat-tools: $(DEV)
+	$(BIN)/python tests/compat/install.py
+
+# The subset `make test` runs (tests/e2e/test_compat_clients.py): kcat and kafkajs.
+compat-test-tools: $(DEV) test-tools
+	$(BIN)/python tests/compat/install.py kafkajs
 
 # mypy reads the installed layout (kproxy, kproxy.codecs, ...) through a tree of
 # symlinks, since the folders on disk are named proxy/, codecs/, policies/, pipeline/.
@@ -150,4 +169,4 @@ bench-tools:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis fuzz-corpus
+	rm -rf $(VENV) .compat build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis fuzz-corpus

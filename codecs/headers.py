@@ -33,10 +33,29 @@ class ResponseHeader:
 
 
 def _read_raw_tags(r: Reader) -> dict[int, bytes]:
+    """A header's tag section, checked like a body's: ascending tags, none repeated.
+
+    Tags are kept by number and written back sorted, so a section out of order or with
+    a repeat could not be written back as it came; it is refused instead.
+    """
+    start = r.pos
+    count = r.uvarint()
+    if count > r.remaining():
+        raise CodecError(f"tagged field count {count} exceeds the bytes left", offset=start)
     tags: dict[int, bytes] = {}
-    for _ in range(r.uvarint()):
+    last = -1
+    for _ in range(count):
+        tag_at = r.pos
         tag = r.uvarint()
-        tags[tag] = bytes(r.view(r.uvarint()))
+        if tag <= last:
+            raise CodecError(f"tag {tag} out of order or repeated", what="tagged fields",
+                             offset=tag_at)
+        last = tag
+        size = r.uvarint()
+        if size > r.remaining():
+            raise CodecError(f"tag {tag} claims {size} bytes, {r.remaining()} left",
+                             what="tagged fields", offset=tag_at)
+        tags[tag] = bytes(r.view(size))
     return tags
 
 

@@ -52,6 +52,9 @@ DECODED: dict[int, DecodedApi] = {
         # Produce and Fetch bodies are only walked for NodeEndpoints, never rebuilt.
         DecodedApi(api_keys.PRODUCE, None, node_endpoints.PRODUCE_RESPONSE),
         DecodedApi(api_keys.FETCH, None, node_endpoints.FETCH_RESPONSE),
+        # Share groups (KIP-932): walked the same way, NodeEndpoints a regular field.
+        DecodedApi(api_keys.SHARE_FETCH, None, node_endpoints.SHARE_FETCH_RESPONSE),
+        DecodedApi(api_keys.SHARE_ACKNOWLEDGE, None, node_endpoints.SHARE_ACKNOWLEDGE_RESPONSE),
     )
 }
 

@@ -1,9 +1,14 @@
 """ApiVersions rewriting: never let a client pick a version the proxy cannot read.
 
 Every API the proxy decodes is capped to the versions its schemas know; an API
-whose whole range is above that is removed. APIs that carry broker addresses in
-a form the proxy does not rewrite yet (share groups' NodeEndpoints) are hidden,
-so clients never learn a backend address through them.
+whose whole range is above that is removed. That includes every response that
+carries broker addresses (share groups' NodeEndpoints too, since they are rewritten),
+so a client never learns a backend address through a version the proxy cannot read.
+An API listed in ``HIDDEN_APIS`` would be left out entirely; none is today.
+
+The response is written in Kafka's canonical form (tagged fields at their default
+left out): tansu writes all four ApiVersions tags even at their defaults, and
+librdkafka 2.0.2 (Debian 12's kcat) fails to read such a response.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from kproxy.codecs import api_keys
+from kproxy.codecs.canonical import omit_default_tags
 from kproxy.codecs.registry import DECODED
+from kproxy.codecs.schemas import api_versions
 from kproxy.policies.metadata_bridge import advertised_metadata_max
 
-# ShareFetch / ShareAcknowledge carry NodeEndpoints that this proxy does not rewrite.
-HIDDEN_APIS = frozenset({api_keys.SHARE_FETCH, api_keys.SHARE_ACKNOWLEDGE})
+# APIs kept from clients altogether. ShareFetch and ShareAcknowledge were, until their
+# NodeEndpoints were rewritten; they are now capped like every decoded API.
+HIDDEN_APIS: frozenset[int] = frozenset()
 
 
 def default_caps() -> dict[int, int]:
@@ -29,8 +37,10 @@ def cap_api_versions(body: dict[str, Any], caps: Mapping[int, int],
     """Cap, hide and add entries of a decoded ApiVersions response in place.
 
     ``add`` lists APIs the proxy serves itself (key -> (min, max)); they replace
-    whatever the broker said about them.
+    whatever the broker said about them. Tagged fields at their default are dropped,
+    so the response goes out in canonical form.
     """
+    omit_default_tags(api_versions.RESPONSE, body)
     add = add or {}
     kept = []
     for entry in body["api_keys"]:

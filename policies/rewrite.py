@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kproxy.codecs import api_keys
+from kproxy.codecs.canonical import omit_default_tags
 from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.headers import read_response_header
 from kproxy.codecs.interpreter import encode_top_level_tags, read_top_level_tags
 from kproxy.codecs.messages import Response, decode_response, encode_response
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
+from kproxy.codecs.schemas import metadata
+from kproxy.codecs.tail import encode_tail, read_tail
 from kproxy.policies.addressing import BrokerAddress, PortMap
 
 COORDINATOR_NOT_AVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -66,6 +69,7 @@ METADATA_OPAQUE = frozenset({"topics"})
 
 
 def rewrite_metadata(body: Body, pm: PortMap) -> Seen:
+    omit_default_tags(metadata.RESPONSE, body)  # re-encoded anyway: canonical form
     seen = Seen(complete=True, cluster_id=body.get("cluster_id"))
     body["brokers"] = rewrite_broker_list(body["brokers"], pm, seen)
     return seen
@@ -108,8 +112,11 @@ _DECODED_REWRITES: dict[int, Callable[[Body, int, PortMap], Seen]] = {
     api_keys.FIND_COORDINATOR: rewrite_find_coordinator,
 }
 
-# First version of Produce / Fetch responses that may carry NodeEndpoints (KIP-951).
-NODE_ENDPOINTS_SINCE: dict[int, int] = {api_keys.PRODUCE: 10, api_keys.FETCH: 16}
+# First version of responses that may carry NodeEndpoints (KIP-951, KIP-932).
+NODE_ENDPOINTS_SINCE: dict[int, int] = {api_keys.PRODUCE: 10, api_keys.FETCH: 16,
+                                        api_keys.SHARE_FETCH: 0, api_keys.SHARE_ACKNOWLEDGE: 0}
+# Where NodeEndpoints is a regular field (the last one) rather than a top-level tag.
+_REGULAR_ENDPOINTS = frozenset({api_keys.SHARE_FETCH, api_keys.SHARE_ACKNOWLEDGE})
 
 
 @dataclass
@@ -125,6 +132,8 @@ def rewrite_response_frame(api_key: int, api_version: int, frame: bytes | memory
     rewrite = _DECODED_REWRITES.get(api_key)
     if rewrite is not None:
         resp = decode_response(frame, api_key, api_version)
+        # Re-encoded anyway, so written in Kafka's canonical form (see codecs.canonical).
+        omit_default_tags(DECODED[api_key].response, resp.body)
         seen = rewrite(resp.body, api_version, pm)
         return Rewritten(encode_response(resp), seen, resp)
     return _rewrite_node_endpoints(api_key, api_version, frame, pm)
@@ -132,15 +141,26 @@ def rewrite_response_frame(api_key: int, api_version: int, frame: bytes | memory
 
 def _rewrite_node_endpoints(api_key: int, api_version: int, frame: bytes | memoryview,
                             pm: PortMap) -> Rewritten:
-    """Walk a Produce/Fetch response to its tag section; records are skipped, not copied."""
+    """Walk a response to its NodeEndpoints; records are skipped, not copied.
+
+    Produce/Fetch keep them in the top-level tag section, ShareFetch/ShareAcknowledge
+    as the last regular field: either way everything before them is kept as bytes
+    and only they (and what follows them) are re-encoded.
+    """
     spec = DECODED[api_key].response
     r = Reader(frame)
     read_response_header(r, api_key, api_version)
-    start, tags = read_top_level_tags(spec, api_version, r)
-    endpoints = tags.get("node_endpoints")
+    if api_key in _REGULAR_ENDPOINTS:
+        start, tail = read_tail(spec, api_version, r, "node_endpoints")
+    else:
+        start, tail = read_top_level_tags(spec, api_version, r)
+    endpoints = tail.get("node_endpoints")
     seen = Seen()
     if not endpoints:
         return Rewritten(None, seen)
-    tags["node_endpoints"] = rewrite_broker_list(endpoints, pm, seen)
-    head = memoryview(frame)[:start]
-    return Rewritten(bytes(head) + encode_top_level_tags(spec, api_version, tags), seen)
+    tail["node_endpoints"] = rewrite_broker_list(endpoints, pm, seen)
+    if api_key in _REGULAR_ENDPOINTS:
+        encoded = encode_tail(spec, api_version, "node_endpoints", tail)
+    else:
+        encoded = encode_top_level_tags(spec, api_version, tail)
+    return Rewritten(bytes(memoryview(frame)[:start]) + encoded, seen)

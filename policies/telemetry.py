@@ -52,6 +52,10 @@ COMPRESSION_NAMES = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 DEFAULT_INTERVAL_MS = 300_000
 MIN_INTERVAL_MS, MAX_INTERVAL_MS = 100, 3_600_000
 ALL_METRICS = "*"
+# What a policy file may write for "every metric": "*", or the empty prefix (which the
+# proxy once sent on the wire and so accepted). On the wire it is always ["*"], as a
+# broker sends it (librdkafka and the Java client treat exactly "*" as all).
+ALL_METRICS_SPELLINGS = frozenset({ALL_METRICS, ""})
 EXPIRY_SWEEP_MS = 1000
 # What the instance memory may hold in all, estimated (see ``instance_bytes``);
 # the least recently seen instances go first once it is passed.
@@ -130,8 +134,9 @@ def resolve(settings: TelemetrySettings, instance_id: uuid.UUID,
     """Union of matching subscriptions' metrics, the smallest interval, a derived id."""
     matching = [s for s in settings.subscriptions if s.matches(attrs)]
     prefixes = sorted({m for s in matching for m in s.metrics})
-    # On the wire an empty string subscribes to everything; an empty list to nothing.
-    requested: tuple[str, ...] = ("",) if ALL_METRICS in prefixes else tuple(prefixes)
+    # On the wire ["*"] subscribes to everything, as from a broker; an empty list to nothing.
+    everything = not ALL_METRICS_SPELLINGS.isdisjoint(prefixes)
+    requested: tuple[str, ...] = (ALL_METRICS,) if everything else tuple(prefixes)
     interval = min((s.interval_ms for s in matching), default=DEFAULT_INTERVAL_MS)
     digest = crc32c(("\n".join(requested) + f"\n{interval}").encode())
     instance_hash = crc32c(instance_id.bytes)

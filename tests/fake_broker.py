@@ -9,6 +9,10 @@ listening port per fake node, and records which port each connection reached.
 With ``fetch_bytes`` it answers Fetch v4 with a response of that many record bytes
 (zeros; nothing in the path decodes them): tansu caps a fetch response at about 5 MB,
 and the memory benchmark needs 50 MB ones.
+With ``share_groups`` it also advertises ShareFetch and ShareAcknowledge (KIP-932;
+tansu speaks no share groups) and answers both with a scripted response whose
+NodeEndpoints name every fake node at its backend port, after a partition whose
+records are ``SHARE_RECORDS``, so a test can see them rewritten and the records intact.
 
 With ``sasl_users`` it also stands in for a SASL/PLAIN broker (tansu 0.6's
 ``--authentication`` could not be given a user here): SaslHandshake v1 and
@@ -19,6 +23,7 @@ else before authenticating.
 from __future__ import annotations
 
 import struct
+import uuid
 from dataclasses import dataclass, field
 
 import trio
@@ -44,6 +49,7 @@ class FakeBroker:
     authenticated: list[str] = field(default_factory=list)  # users, in order
     fetch_bytes: int = 0  # > 0: answer Fetch v4 with this many bytes of records
     _records: bytes = b""  # those records, one buffer shared by every connection
+    share_groups: bool = False  # advertise and answer ShareFetch / ShareAcknowledge
 
     async def start(self, nursery: trio.Nursery) -> FakeBroker:
         self._records = bytes(self.fetch_bytes)
@@ -110,6 +116,8 @@ class FakeBroker:
             apis = [(0, 11), (1, 17), (3, 12), (10, 6), (18, 3), (60, 1)]
             if self.sasl_users is not None:
                 apis += [(17, 1), (36, 2)]
+            if self.share_groups:
+                apis += [(api_keys.SHARE_FETCH, 3), (api_keys.SHARE_ACKNOWLEDGE, 3)]
             body = {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
                 {"api_key": k, "min_version": 0, "max_version": v} for k, v in apis]}
         elif key == api_keys.SASL_HANDSHAKE and self.sasl_users is not None:
@@ -138,7 +146,28 @@ class FakeBroker:
                    "error_code": 0, "error_message": None}
             body = ({"throttle_time_ms": 0, "coordinators": [{"key": "g", **one}]}
                     if version >= 4 else {"throttle_time_ms": 0, **one})
+        elif key in (api_keys.SHARE_FETCH, api_keys.SHARE_ACKNOWLEDGE) and self.share_groups:
+            body = self._share_answer(key)
         else:
             raise AssertionError(f"fake broker got unexpected API {key}")
         data = encode_response_parts(key, version, peek.correlation_id, body)
         return struct.pack(">i", len(data)) + data
+
+    def _share_answer(self, key: int) -> dict[str, object]:
+        leader = {"leader_id": self.node_ids[-1], "leader_epoch": 3}
+        partition: dict[str, object] = {"partition_index": 0, "error_code": 6,
+                                        "error_message": None, "current_leader": leader}
+        if key == api_keys.SHARE_FETCH:
+            partition.update(acknowledge_error_code=0, acknowledge_error_message=None,
+                             records=SHARE_RECORDS,
+                             acquired_records=[{"first_offset": 0, "last_offset": 4,
+                                                "delivery_count": 1}])
+        return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
+                "acquisition_lock_timeout_ms": 15000,
+                "responses": [{"topic_id": SHARE_TOPIC_ID, "partitions": [partition]}],
+                "node_endpoints": [{"node_id": n, "host": "127.0.0.1", "port": p,
+                                    "rack": None} for n, p in self.ports.items()]}
+
+
+SHARE_TOPIC_ID = uuid.UUID(int=0x5EED)
+SHARE_RECORDS = bytes(range(256)) * 4  # stands in for a record batch: only its bytes matter

@@ -154,9 +154,9 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
                                 env={**os.environ, **(env or {})}, preexec_fn=preexec)
     kp = KproxyProcess(proc, bootstrap, http, base, log_path)
     try:
-        if not wait_for_port("127.0.0.1", bootstrap, 15):
+        if not wait_for_port("127.0.0.1", bootstrap, 60):
             raise RuntimeError(f"kproxy did not start:\n{kp.log()}")
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # a loaded machine starts Python slowly
         while kp.http_get("/readyz")[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.1)
         yield kp

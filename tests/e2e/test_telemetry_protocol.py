@@ -93,7 +93,7 @@ async def test_get_then_push_exports_labelled_series(nursery: trio.Nursery, fake
     tc = await connect(proxy)
     body = await tc.get()
     assert body["error_code"] == 0 and tc.instance.int != 0
-    assert body["requested_metrics"] == [""] and body["push_interval_ms"] == 200
+    assert body["requested_metrics"] == ["*"] and body["push_interval_ms"] == 200
     assert body["accepted_compression_types"] == [4, 3, 1, 2]
     assert body["telemetry_max_bytes"] == 1024 * 1024 and body["delta_temporality"] is False
     assert await tc.push() == 0

@@ -73,3 +73,11 @@ def test_opaque_request_shows_header_only() -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["api"] == "Heartbeat" and out["body"]["opaque_bytes"] > 0
+
+
+def test_out_of_order_header_tags_are_an_error_not_a_silent_reencode() -> None:
+    """Written back sorted, these tags would differ from the input: refuse, say where."""
+    body = struct.pack(">hhih", 3, 12, 7, 2) + b"me" + b"\x02\x05\x00\x03\x00" + b"\x01\x01\x00"
+    proc = _run(["--check-roundtrip"], struct.pack(">i", len(body)) + body)
+    assert proc.returncode == 2
+    assert b"tag 3 out of order or repeated" in proc.stderr and b"offset 15" in proc.stderr

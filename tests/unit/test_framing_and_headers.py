@@ -113,6 +113,35 @@ def test_response_header_v1_reads_tags() -> None:
     assert r.remaining() == 0
 
 
+# A Metadata v12 request header (v2) up to its tag section: key, version, id, client id.
+_HEAD_V2 = struct.pack(">hhih", api_keys.METADATA, 12, 7, 2) + b"me"
+
+
+@pytest.mark.parametrize(("tags", "needle"), [
+    (b"\x02\x05\x00\x03\x00", "tag 3 out of order"),  # 5 then 3
+    (b"\x02\x04\x00\x04\x00", "tag 4 out of order or repeated"),
+    (b"\x01\x00\x09\x01", "claims 9 bytes"),
+    (b"\x7f", "count 127 exceeds"),
+])
+def test_header_tags_checked_like_body_tags(tags: bytes, needle: str) -> None:
+    """Out of order or repeated header tags are refused: written back sorted and
+    deduplicated they would not be the bytes that came in."""
+    with pytest.raises(CodecError, match=needle) as err:
+        read_request_header(Reader(_HEAD_V2 + tags))
+    assert "RequestHeader" in str(err.value)
+    with pytest.raises(CodecError, match=needle):
+        read_response_header(Reader(b"\x00\x00\x00\x09" + tags), api_keys.METADATA, 12)
+
+
+def test_ascending_header_tags_round_trip() -> None:
+    wire = _HEAD_V2 + b"\x02\x01\x01\xaa\x05\x00"
+    hdr = read_request_header(Reader(wire))
+    assert hdr.tagged == {1: b"\xaa", 5: b""}
+    w = Writer()
+    write_request_header(w, hdr)
+    assert w.getvalue() == wire
+
+
 def test_codec_error_names_field_path_and_offset() -> None:
     wire = bytearray(interpreter.encode(metadata.RESPONSE, 1, {
         "brokers": [{"node_id": 1, "host": "h", "port": 1, "rack": None}],

@@ -143,19 +143,21 @@ def test_truncated_fetch_is_a_codec_error() -> None:
         rewrite_response_frame(api_keys.FETCH, 16, frame[:-5], PM)
 
 
-def test_api_versions_capped_hidden_and_added() -> None:
+def test_api_versions_capped_and_added() -> None:
     body = {"error_code": 0, "api_keys": [
-        {"api_key": 0, "min_version": 3, "max_version": 13},
+        {"api_key": 0, "min_version": 3, "max_version": 14},
         {"api_key": 3, "min_version": 0, "max_version": 14},
         {"api_key": 18, "min_version": 0, "max_version": 5},
         {"api_key": 60, "min_version": 5, "max_version": 6},  # entirely above our max
         {"api_key": 11, "min_version": 0, "max_version": 9},  # opaque: untouched
-        {"api_key": 78, "min_version": 0, "max_version": 1},  # ShareFetch: hidden
+        {"api_key": 78, "min_version": 1, "max_version": 3},  # ShareFetch: rewritten to v2
+        {"api_key": 79, "min_version": 1, "max_version": 2},  # ShareAcknowledge
         {"api_key": 71, "min_version": 0, "max_version": 0},
     ]}
     cap_api_versions(body, default_caps(), add={72: (0, 0), 71: (0, 0)})
     got = {e["api_key"]: (e["min_version"], e["max_version"]) for e in body["api_keys"]}
-    assert got == {0: (3, 12), 3: (0, 13), 18: (0, 4), 11: (0, 9), 71: (0, 0), 72: (0, 0)}
+    assert got == {0: (3, 13), 3: (0, 13), 18: (0, 4), 11: (0, 9), 71: (0, 0), 72: (0, 0),
+                   78: (1, 2), 79: (1, 2)}
     assert [e["api_key"] for e in body["api_keys"]] == sorted(got)
     assert interpreter.encode(api_versions.RESPONSE, 3, body)
 

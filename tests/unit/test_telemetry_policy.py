@@ -42,7 +42,11 @@ def test_union_of_matching_subscriptions_and_smallest_interval() -> None:
 
 def test_star_means_all_and_no_match_means_nothing() -> None:
     everything = t.resolve(settings({"metrics": ["*", "a"], "interval_ms": 1000}), ID, ATTRS)
-    assert everything.requested_metrics == ("",)
+    assert everything.requested_metrics == ("*",)  # the broker's wire form for "all"
+    # The empty prefix, which older policy files may hold, means all too.
+    legacy = t.resolve(settings({"metrics": ["", "a"], "interval_ms": 1000}), ID, ATTRS)
+    assert legacy.requested_metrics == ("*",)
+    assert legacy.subscription_id == everything.subscription_id
     nothing = t.resolve(settings({"metrics": ["a"], "match": {"client_id": "other"}}), ID, ATTRS)
     assert nothing.requested_metrics == () and nothing.interval_ms == t.DEFAULT_INTERVAL_MS
 

@@ -1,0 +1,1 @@
+"""The client compatibility matrix (`make compat`): real clients, direct and through kproxy."""
