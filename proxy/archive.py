@@ -1,10 +1,11 @@
 """The telemetry archive: JSON lines on local disk for the fleet pipeline.
 
-Two record streams, each in its own folder and partitioned by date and hour:
+Three record streams, each in its own folder and partitioned by date and hour:
 ``telemetry/`` holds one OTLP JSON line per accepted push (the OpenTelemetry
 file-exporter format), ``connections/`` one inventory record per client
-connection. A file is written under a hidden name (``.part-*.jsonl.tmp``, which
-Spark and most readers skip) and renamed into place when it rotates, so a reader
+connection, ``groups/`` one record per completed consumer-group rebalance.
+A file is written under a hidden name (``.part-*.jsonl.tmp``, which Spark and most
+readers skip) and renamed into place when it rotates, so a reader
 never sees a half-written line. Completed files are capped in total size; the
 oldest go first. Writing happens on a thread behind a bounded queue: when the
 disk is slow or full, records are dropped and counted, never buffered without
@@ -31,7 +32,7 @@ from prometheus_client.registry import Collector
 from kproxy.logs import RateLimitedLog
 
 log = logging.getLogger("kproxy.archive")
-KINDS = ("telemetry", "connections")
+KINDS = ("telemetry", "connections", "groups")
 
 
 @dataclass
@@ -107,6 +108,10 @@ class ArchiveWriter:
 
     def connection(self, record: dict[str, Any]) -> None:
         self._submit("connections", json.dumps(record, separators=(",", ":"), default=str))
+
+    def group_rebalance(self, record: dict[str, Any]) -> None:
+        """One completed consumer-group rebalance (kproxy.groups)."""
+        self._submit("groups", json.dumps(record, separators=(",", ":"), default=str))
 
     def _submit(self, kind: str, line: str) -> None:
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.options import (
+    GROUP_OPTIONS,
     LIMIT_OPTIONS,
     OPTIONS,
     OPTIONS_BY_NAME,
@@ -96,6 +97,9 @@ class Config:
     upstream_tls_cert: str | None = None
     upstream_tls_key: str | None = None
     require_sasl: bool = False
+    group_tracking: bool = True
+    group_max_groups: int = 1_000
+    group_max_members: int = 1_000
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
@@ -234,7 +238,7 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         archive_queue_records=v["archive_queue_records"], legacy_clients=v["legacy_clients"],
         admin=v["admin"], drain_timeout=v["drain_timeout"],
         telemetry=_telemetry_config(v, extra, path), source=path, extra=extra,
-        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS},
+        **{o.name: v[o.name] for o in LIMIT_OPTIONS + SECURITY_OPTIONS + GROUP_OPTIONS},
     )
     _check_security(cfg)
     try:
