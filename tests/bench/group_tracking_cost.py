@@ -49,11 +49,11 @@ def main() -> None:
     for version in (12, 16):
         for name, topics, parts, size in shapes:
             f = memoryview(frame(version, topics, parts, size))
-            walk = per_call(lambda f=f: fetch_watermarks(version, f, []), 2000)
+            walk = per_call(lambda f=f, v=version: fetch_watermarks(v, f, []), 2000)
             line = f"Fetch v{version} {name} ({len(f)} bytes): watermark walk {walk:.1f} us"
             if version >= 16:
-                addr = per_call(lambda f=f: rewrite_response_frame(
-                    api_keys.FETCH, version, f, pm), 2000)
+                addr = per_call(lambda f=f, v=version: rewrite_response_frame(
+                    api_keys.FETCH, v, f, pm), 2000)
                 line += f"; address walk already done {addr:.1f} us"
             print(line)
 
