@@ -44,9 +44,11 @@ _PARTITION = _partition_struct()
 
 
 def fetch_watermarks(api_version: int, frame: bytes | memoryview,
-                     out: list[Watermark]) -> bool:
+                     out: list[Watermark]) -> int | None:
     """Append (topic, partition, high watermark) for every partition without error that
-    lies wholly or by its head within ``frame``; True when the walk reached the end."""
+    lies wholly or by its head within ``frame``. Returns where the topics end (in a
+    flexible response, where its top-level tagged fields start), or None when the walk
+    could not get there."""
     flexible = api_version >= 12
     r = Reader(frame)
     try:
@@ -59,7 +61,7 @@ def fetch_watermarks(api_version: int, frame: bytes | memoryview,
             for _ in range(_count(r, flexible)):
                 at = r.pos
                 if at + _HEAD.size > r.end:
-                    return False
+                    return None
                 index, error, hwm = _HEAD.unpack_from(r.buf, at)
                 if error == 0:
                     out.append((topic, index, hwm))
@@ -67,8 +69,8 @@ def fetch_watermarks(api_version: int, frame: bytes | memoryview,
             if flexible:
                 _skip_tags(r)
     except CodecError:
-        return False
-    return True
+        return None
+    return r.pos
 
 
 def _count(r: Reader, flexible: bool) -> int:

@@ -176,20 +176,28 @@ class FetchWatermarks:
     def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
         assert self.inner is not None
-        handled = self.inner.response(conn, api_version, upstream_version, body)
-        self.observe(conn, upstream_version, body, True)
-        return handled
+        end = self.walk(upstream_version, body)
+        if end is not None and end == len(body) - 1 and body[end] == 0:
+            # One walk serves both: no top-level tagged fields, so no NodeEndpoints for
+            # the address rewriter to change (it would walk the records again to see that).
+            return Handled()
+        return self.inner.response(conn, api_version, upstream_version, body)
 
     def observe(self, conn: ConnectionState, api_version: int, body: memoryview | bytes,
                 complete: bool) -> None:
         """A Fetch response (or, when not ``complete``, its head) the proxy relays."""
+        self.walk(api_version, body)
+
+    def walk(self, api_version: int, body: memoryview | bytes) -> int | None:
+        """Record the high watermarks in ``body``; where its topics end (None: not reached)."""
         watch = self.watch
+        end = None
         try:
             marks: list[Watermark] = []
-            fetch_watermarks(api_version, body, marks)
+            end = fetch_watermarks(api_version, body, marks)
             watch.watermark_walks += 1
             if not marks:
-                return
+                return end
             names = watch.names
             named = []
             for topic, partition, hwm in marks:
@@ -199,6 +207,7 @@ class FetchWatermarks:
             watch.tracker.high_watermarks(named)
         except Exception as exc:  # observation must never break forwarding
             watch.failed("Fetch response", exc)
+        return end
 
 
 class MetadataTopicNames:

@@ -247,3 +247,21 @@ def test_kafka_python_and_aiokafka_feed_the_same_metrics(proxy: KproxyProcess) -
     asyncio.run(aio())
     assert value(proxy, "kproxy_group_rebalances_total", agroup)
     assert [i["assignor"] for i, _ in samples(proxy, "kproxy_group_info", agroup)] == ["range"]
+
+
+def test_group_tracking_off_relays_the_same_and_exports_nothing(
+        backend: TansuBroker, tmp_path: Path) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    with kproxy_process(backend.bootstrap, tmp_path, "--group-tracking", "off") as kp:
+        topic, group = f"off-{uuid.uuid4().hex[:8]}", f"off-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": kp.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=2)])[topic].result(20)
+        c = Consumer({"bootstrap.servers": kp.bootstrap, "group.id": group,
+                      "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        c.subscribe([topic])
+        wait_for("an assignment", lambda: len(c.assignment()) == 2, lambda: c.poll(0.2))
+        c.close()
+        _, text = kp.http_get("/metrics")
+        assert "kproxy_group_" not in text

@@ -346,5 +346,33 @@ def test_lag_from_commits_and_fetch_high_watermarks() -> None:
     assert bed.tracker.lag(g) == [("t", 0, 600)]  # partition 1's commit was refused
     # The head of a response relayed cut-through: only the first partition is readable.
     marks: list[Any] = []
-    assert not fetch_watermarks(12, frame[:80], marks)
+    assert fetch_watermarks(12, frame[:80], marks) is None
+    assert fetch_watermarks(12, frame, []) == len(frame) - 1  # the empty tag section
     assert marks == [("t", 0, 1000)]
+
+
+def test_fetch_v16_addresses_are_still_rewritten_with_tracking_on() -> None:
+    bed = Bed()
+    fetch = DECODED[api_keys.FETCH].response
+    topic = uuid.uuid4()
+    bed.watch.names.learn([{"topic_id": topic, "name": "t"}])
+    base = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [
+        {"topic_id": topic, "partitions": [
+            {"partition_index": 0, "error_code": 0, "high_watermark": 77,
+             "last_stable_offset": 77, "log_start_offset": 0, "aborted_transactions": None,
+             "preferred_read_replica": -1, "records": b"\x00" * 64}]}]}
+    conn = bed.conn("a")
+    for endpoints in (None, [{"node_id": 5, "host": "broker-5", "port": 9092, "rack": None}]):
+        body = dict(base, **({"node_endpoints": endpoints} if endpoints else {}))
+        w = Writer()
+        write_response_header(w, ResponseHeader(9, {}), api_keys.FETCH, 16)
+        encode_into(fetch, 16, body, w)
+        frame = w.getvalue()
+        assert conn.wants_response(api_keys.FETCH, 16)
+        handled = conn.response(api_keys.FETCH, 16, 16, memoryview(frame))
+        if endpoints is None:
+            assert handled.body is None
+        else:
+            assert handled.body is not None and b"proxy.local" in bytes(handled.body)
+            assert handled.seen is not None and 5 in handled.seen.nodes
+    assert bed.tracker.watermarks[("t", 0)] == 77

@@ -1,7 +1,9 @@
 """What group tracking adds per Fetch response: the high-watermark walk, measured beside
-the walk the address rewriter already does for Fetch v16+ (python tests/bench/...).
+the walk the address rewriter does for Fetch v16+ without tracking. With tracking on,
+a v16+ response without NodeEndpoints is walked once (the watermark walk replaces the
+address walk); older versions relayed whole pay the watermark walk on top.
 
-Prints microseconds per response for a few shapes; CPU-only, no sockets.
+Run: .venv/bin/python tests/bench/group_tracking_cost.py (CPU only, no sockets).
 """
 
 from __future__ import annotations
