@@ -265,3 +265,51 @@ def test_group_tracking_off_relays_the_same_and_exports_nothing(
         c.close()
         _, text = kp.http_get("/metrics")
         assert "kproxy_group_" not in text
+
+
+def test_hostile_group_traffic_is_relayed_and_state_stays_capped(
+        backend: TansuBroker, tmp_path: Path) -> None:
+    """Junk consumer-protocol metadata and assignments, and 300 distinct group ids, through
+    a proxy capped at 50 groups: every request is answered by the broker through the
+    proxy, and the proxy tracks at most 50 groups."""
+    import trio
+
+    from kproxy.codecs import api_keys
+
+    from .support import RawClient
+
+    junk = b"\x7f\xff" + b"\xff" * 64
+
+    async def scenario(kp: KproxyProcess) -> None:
+        client = await RawClient.connect(kp.bootstrap_port)
+        join = {"group_id": "hostile", "session_timeout_ms": 6000,
+                "rebalance_timeout_ms": 6000, "member_id": "", "group_instance_id": None,
+                "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": junk}]}
+        first = await client.request(api_keys.JOIN_GROUP, 5, 1, join)
+        member = first.body["member_id"]
+        if first.body["error_code"] == 79:  # MEMBER_ID_REQUIRED: join again with it
+            joined = await client.request(api_keys.JOIN_GROUP, 5, 2, {**join, "member_id": member})
+        else:
+            joined = first
+        assert joined.body["error_code"] == 0, joined.body
+        gen = joined.body["generation_id"]
+        synced = await client.request(api_keys.SYNC_GROUP, 3, 3, {
+            "group_id": "hostile", "generation_id": gen, "member_id": member,
+            "group_instance_id": None,
+            "assignments": [{"member_id": member, "assignment": junk}]})
+        assert synced.header.correlation_id == 3
+        for i in range(300):
+            resp = await client.request(api_keys.HEARTBEAT, 3, 10 + i, {
+                "group_id": f"flood-{i}", "generation_id": 1, "member_id": "nobody",
+                "group_instance_id": None})
+            assert resp.header.correlation_id == 10 + i
+        await client.aclose()
+
+    with kproxy_process(backend.bootstrap, tmp_path, "--group-max-groups", "50") as kp:
+        trio.run(scenario, kp)
+        _, text = kp.http_get("/metrics")
+        tracked = re.search(r"^kproxy_group_tracked (\S+)$", text, re.M)
+        evicted = re.search(r"^kproxy_group_evicted_total (\S+)$", text, re.M)
+        assert tracked and float(tracked.group(1)) == 50
+        assert evicted and float(evicted.group(1)) >= 250
+        assert kp.process.poll() is None
