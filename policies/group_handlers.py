@@ -87,7 +87,7 @@ class GroupRequest:
             if peek.api_key == api_keys.JOIN_GROUP:
                 self.watch.tracker.join_request(
                     req["group_id"], req["member_id"], req["protocol_type"], req.get("reason"),
-                    self.watch.clock())
+                    self.watch.clock(), req.get("rebalance_timeout_ms", -1))
         except Exception as exc:  # observation must never break forwarding
             self.watch.failed(api_keys.api_name(peek.api_key) + " request", exc)
         return None

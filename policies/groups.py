@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from kproxy.codecs.error_codes import ErrorCode, error_name
 
 MAX_ERROR_NAMES = 32  # distinct error names kept per group
+# JoinGroup v0 has no rebalance timeout: the coordinator then uses the session timeout;
+# for abandoning a round we never saw complete, the consumer's default is long enough.
+DEFAULT_REBALANCE_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Group:
     generation: int = -1
     members: OrderedDict[str, Member] = field(default_factory=OrderedDict)
     rebalances: int = 0
+    abandoned_rounds: int = 0
     generation_size: int = 0  # members of the last completed generation
     errors: dict[str, int] = field(default_factory=dict)
     # The round in progress: when it started, who was in before, why, and for the
@@ -163,9 +167,17 @@ class GroupTracker:
     # ------------------------------------------------------------------ classic protocol
 
     def join_request(self, group_id: str, member_id: str, protocol_type: str,
-                     reason: str | None, now: float) -> None:
+                     reason: str | None, now: float, rebalance_timeout_ms: int = -1) -> None:
         g = self.group(group_id, now)
         g.protocol_type = clip(protocol_type, self.limits)
+        longest = 2 * (rebalance_timeout_ms / 1000 if rebalance_timeout_ms > 0
+                       else DEFAULT_REBALANCE_TIMEOUT)
+        if g.round_started is not None and now - g.round_started > longest:
+            # A round we never saw complete (some members' SyncGroups went through
+            # another proxy, or were lost): abandon it rather than time the next one
+            # from its start.
+            g.round_started = None
+            g.abandoned_rounds += 1
         if g.round_started is None:
             why = reason or ("member left" if g.left_since_round
                              else "new member" if not member_id or member_id not in g.members

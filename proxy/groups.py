@@ -72,6 +72,10 @@ class GroupCollector(Collector):
         tracker.expire(time.monotonic())
         rebalances = CounterMetricFamily(
             "kproxy_group_rebalances", "Completed rebalances seen, per group", labels=["group"])
+        abandoned = CounterMetricFamily(
+            "kproxy_group_rebalances_abandoned", "Rebalance rounds the proxy never saw "
+            "complete (members synced through another proxy, or the round was lost) and "
+            "stopped timing", labels=["group"])
         generation = GaugeMetricFamily(
             "kproxy_group_generation", "Generation (KIP-848: group epoch as members "
             "reached it) of the group's last completed rebalance", labels=["group"])
@@ -93,6 +97,8 @@ class GroupCollector(Collector):
             labels=["group", "topic", "partition"])
         for g in tracker.groups.values():
             rebalances.add_metric([g.group_id], g.rebalances)
+            if g.abandoned_rounds:
+                abandoned.add_metric([g.group_id], g.abandoned_rounds)
             if g.generation >= 0:
                 generation.add_metric([g.group_id], g.generation)
             members.add_metric([g.group_id], len(g.members))
@@ -104,7 +110,7 @@ class GroupCollector(Collector):
                     assigned.add_metric([g.group_id, m.member_id], m.assigned)
             for topic, partition, value in tracker.lag(g):
                 lag.add_metric([g.group_id, topic, str(partition)], value)
-        yield from (rebalances, generation, members, info, errors, assigned, lag)
+        yield from (rebalances, abandoned, generation, members, info, errors, assigned, lag)
         yield GaugeMetricFamily("kproxy_group_tracked", "Consumer groups currently tracked",
                                 value=len(tracker.groups))
         yield CounterMetricFamily(

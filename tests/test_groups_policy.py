@@ -376,3 +376,15 @@ def test_fetch_v16_addresses_are_still_rewritten_with_tracking_on() -> None:
             assert handled.body is not None and b"proxy.local" in bytes(handled.body)
             assert handled.seen is not None and 5 in handled.seen.nodes
     assert bed.tracker.watermarks[("t", 0)] == 77
+
+
+def test_a_round_never_seen_to_complete_is_abandoned_not_timed_into_the_next() -> None:
+    bed = Bed()
+    for m in ("a", "b"):  # b's SyncGroup goes through another proxy: never seen here
+        bed.join(m, "g", m, 1, "a", ["a", "b"] if m == "a" else None)
+    bed.sync("a", "g", "a", 1, [0])
+    assert not bed.events
+    bed.clock.now += 3600  # an hour later, a real rebalance this proxy sees whole
+    rebalance(bed, "g", 2, ["a"], "a", 0.4)
+    assert [round(e.seconds, 3) for e in bed.events] == [0.4]
+    assert bed.tracker.groups["g"].abandoned_rounds == 1
