@@ -125,7 +125,7 @@ def _decode_struct(st: Struct, version: int, flexible: bool, r: Reader,
         start = r.pos
         try:
             if fld.name in opaque:
-                _skip_value(fld.type, version, flexible, r)
+                _skip_value(fld, version, flexible, r)
                 out[fld.name] = Opaque(bytes(r.buf[start : r.pos]))
                 continue
             out[fld.name] = _decode_value(fld, fld.type, version, flexible, r)
@@ -191,6 +191,8 @@ def _decode_value(fld: Field, t: FieldType, version: int, flexible: bool, r: Rea
                 raise exc.within(f"[{i}]") from None
         return items
     if isinstance(t, Struct):
+        if t is fld.type and version in fld.nullable and _null_struct(r):
+            return None
         return _decode_struct(t, version, flexible, r)
     if t == "int32":
         return r.int32()
@@ -223,6 +225,15 @@ def _decode_value(fld: Field, t: FieldType, version: int, flexible: bool, r: Rea
     if t == "float64":
         return r.float64()
     raise CodecError(f"no decoder for type {t}")  # pragma: no cover - schema bug
+
+
+def _null_struct(r: Reader) -> bool:
+    """A nullable struct starts with an int8: -1 for null, 1 for present."""
+    at = r.pos
+    marker = r.int8()
+    if marker not in (-1, 1):
+        raise CodecError(f"invalid nullable struct marker {marker}", offset=at)
+    return marker == -1
 
 
 # ----------------------------------------------------------------------------- skip
@@ -258,7 +269,7 @@ _FIXED_SIZES = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int6
 # a short list of steps, with runs of fixed-width fields merged into one.
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_FIXED, _SIZED, _ARRAY, _STRUCT, _TAGS = range(5)
+_FIXED, _SIZED, _ARRAY, _STRUCT, _TAGS, _NULLABLE_STRUCT = range(6)
 Step = tuple[int, Any]
 SkipProgram = tuple[Step, ...]
 
@@ -281,7 +292,7 @@ def _step(t: FieldType, version: int, flexible: bool) -> Step:
 def _skip_program(st: Struct, version: int, flexible: bool) -> SkipProgram:
     steps: list[Step] = []
     for fld in _plan(st, version, flexible).regular:
-        step = _step(fld.type, version, flexible)
+        step = _field_step(fld, version, flexible)
         if step[0] == _FIXED and steps and steps[-1][0] == _FIXED:
             steps[-1] = (_FIXED, steps[-1][1] + step[1])
         else:
@@ -291,9 +302,17 @@ def _skip_program(st: Struct, version: int, flexible: bool) -> SkipProgram:
     return tuple(steps)
 
 
-def _skip_value(t: FieldType, version: int, flexible: bool, r: Reader) -> None:
-    """Skip one value of any type."""
-    _run_skip((_step(t, version, flexible),), flexible, r)
+def _field_step(fld: Field, version: int, flexible: bool) -> Step:
+    """How to skip one field's value (a nullable struct carries a presence byte)."""
+    step = _step(fld.type, version, flexible)
+    if step[0] == _STRUCT and version in fld.nullable:
+        return (_NULLABLE_STRUCT, step[1])
+    return step
+
+
+def _skip_value(fld: Field, version: int, flexible: bool, r: Reader) -> None:
+    """Skip one field's value, of any type."""
+    _run_skip((_field_step(fld, version, flexible),), flexible, r)
 
 
 def _run_skip(program: SkipProgram, flexible: bool, r: Reader) -> None:
@@ -339,6 +358,9 @@ def _skip_at(program: SkipProgram, flexible: bool, r: Reader, pos: int) -> int:
                     pos = _skip_at(item_program, flexible, r, pos)
         elif step == _STRUCT:
             pos = _skip_at(arg, flexible, r, pos)
+        elif step == _NULLABLE_STRUCT:
+            r.pos = pos
+            pos = r.pos if _null_struct(r) else _skip_at(arg, flexible, r, r.pos)
         else:  # _TAGS
             r.pos = pos
             _skip_tags(r)
@@ -346,6 +368,15 @@ def _skip_at(program: SkipProgram, flexible: bool, r: Reader, pos: int) -> int:
         if pos > end:
             raise CodecError(f"needs {pos - at} bytes, {end - at} left", offset=at)
     return pos
+
+
+def skip_struct_at(st: Struct, version: int, flexible: bool, r: Reader, pos: int) -> int:
+    """Where one ``st`` value starting at ``pos`` ends (compiled, nothing built): for
+    walkers that read a few leading fields of each element of a large array."""
+    end = _skip_at(_skip_program(st, version, flexible), flexible, r, pos)
+    if end > r.end:
+        raise CodecError(f"{st.name} runs past the end", what=st.name, offset=pos)
+    return end
 
 
 def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int, Message]:
@@ -444,6 +475,10 @@ def _encode_value(fld: Field, t: FieldType, version: int, flexible: bool, v: Any
             _encode_value(fld, t.item, version, flexible, item, w)
         return
     if isinstance(t, Struct):
+        if t is fld.type and version in fld.nullable:  # a nullable struct, not an item
+            w.int8(-1 if v is None else 1)
+            if v is None:
+                return
         _encode_struct(t, version, flexible, v, w)
         return
     if t == "string":

@@ -116,11 +116,13 @@ def array(item: FieldType) -> ArrayOf:
 
 @dataclass(frozen=True)
 class MessageSpec:
-    """One request or response body of one API, across its versions."""
+    """One request or response body of one API, across its versions (or, with kind
+    "data" and api key -1, a versioned format embedded in one, like the consumer
+    protocol's subscription)."""
 
     name: str
     api_key: int
-    kind: Literal["request", "response"]
+    kind: Literal["request", "response", "data"]
     valid: Versions
     flexible: Versions
     body: Struct = field(repr=False)

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from kproxy.pipeline.report import write_reports
-from kproxy.pipeline.schemas import CONNECTION, TELEMETRY_LINE
+from kproxy.pipeline.schemas import CONNECTION, GROUP_REBALANCE, TELEMETRY_LINE
 
 # The per-instance latency figures the report is built around (librdkafka and Java names).
 LATENCY_METRICS = {
@@ -49,6 +49,8 @@ class Tables:
     software_latency: DataFrame
     client_throughput: DataFrame
     slowest_instances: DataFrame
+    group_rebalances: DataFrame
+    slowest_rebalances: DataFrame
 
 
 def _kv_map(attrs: Column) -> Column:
@@ -96,6 +98,30 @@ def read_connections(spark: SparkSession, archives: Sequence[str]) -> DataFrame:
     return _read(spark, archives, "connections", CONNECTION)
 
 
+def read_group_rebalances(spark: SparkSession, archives: Sequence[str]) -> DataFrame:
+    return _read(spark, archives, "groups", GROUP_REBALANCE)
+
+
+def group_tables(rebalances: DataFrame, top_n: int) -> tuple[DataFrame, DataFrame]:
+    """Per group: how often it rebalanced (overall and in its worst hour: storms), how
+    long rebalances took, its size; and the slowest single rebalances."""
+    hourly = rebalances.withColumn("hour", F.floor(F.col("ts") / 3600)).groupBy(
+        "group", "hour").agg(F.count(F.lit(1)).alias("n")).groupBy("group").agg(
+        F.max("n").alias("max_per_hour"))
+    per_group = rebalances.groupBy("group").agg(
+        F.count(F.lit(1)).alias("rebalances"),
+        F.avg("duration_s").alias("avg_seconds"),
+        F.max("duration_s").alias("max_seconds"),
+        F.max("generation").alias("last_generation"),
+        F.max("members_after").alias("max_members"),
+        F.concat_ws(", ", F.sort_array(F.collect_set("reason"))).alias("reasons"),
+    ).join(hourly, "group").orderBy(F.desc("max_per_hour"), F.desc("rebalances"), "group")
+    rank = Window.orderBy(F.desc("duration_s"), "group", "generation")
+    slowest = rebalances.withColumn("rank", F.row_number().over(rank)).where(
+        F.col("rank") <= top_n)
+    return per_group, slowest
+
+
 def _read(spark: SparkSession, archives: Sequence[str], kind: str,
           schema: StructType) -> DataFrame:
     paths = [str(Path(a) / kind) for a in archives if (Path(a) / kind).is_dir()]
@@ -110,7 +136,8 @@ def _software(df: DataFrame, name: str, version: str) -> DataFrame:
              .withColumn("software_version", F.coalesce(F.col(version), F.lit("(unknown)")))
 
 
-def build(points: DataFrame, connections: DataFrame, top_n: int = 10) -> Tables:
+def build(points: DataFrame, connections: DataFrame, top_n: int = 10,
+          rebalances: DataFrame | None = None) -> Tables:
     conns = _software(connections, "client_software_name", "client_software_version")
     # A client: one process, as the proxy sees it (source address and client id).
     conns = conns.withColumn("client", F.concat_ws("/", "source_address", "client_id"))
@@ -165,15 +192,19 @@ def build(points: DataFrame, connections: DataFrame, top_n: int = 10) -> Tables:
         F.col("produce_request_latency_ms").isNotNull() | F.col("fetch_latency_ms").isNotNull()
     ).withColumn("rank", F.row_number().over(rank)).where(F.col("rank") <= top_n)
 
+    if rebalances is None:
+        rebalances = points.sparkSession.createDataFrame([], GROUP_REBALANCE)
+    group_rebalances, slowest_rebalances = group_tables(rebalances, top_n)
     return Tables(points, client_inventory, rebootstrap_readiness, instance_latency,
-                  software_latency, client_throughput, slowest_instances)
+                  software_latency, client_throughput, slowest_instances, group_rebalances,
+                  slowest_rebalances)
 
 
 def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10) -> Tables:
     # Both inputs feed several tables: parse the JSON once.
     points = read_points(spark, archives).cache()
     connections = read_connections(spark, archives).cache()
-    tables = build(points, connections, top_n)
+    tables = build(points, connections, top_n, read_group_rebalances(spark, archives))
     target = Path(out)
     for name, df in vars(tables).items():
         df.write.mode("overwrite").parquet(str(target / "tables" / name))

@@ -82,6 +82,12 @@ SECTIONS = [
     ("Throughput by client", "client_throughput",
      ["client_id", "source_address", "software_name", "bytes_in", "bytes_out", "seconds",
       "mb_per_s"]),
+    ("Consumer-group rebalances (storms first: most in one hour)", "group_rebalances",
+     ["group", "rebalances", "max_per_hour", "avg_seconds", "max_seconds",
+      "last_generation", "max_members", "reasons"]),
+    ("Slowest rebalances (s)", "slowest_rebalances",
+     ["rank", "group", "generation", "duration_s", "members_before", "members_after",
+      "reason", "assignor", "proxy"]),
 ]
 
 
@@ -102,6 +108,8 @@ def write_reports(tables: Tables, out: Path) -> None:
                                      float(r["produce_request_latency_ms"] or
                                            r["fetch_latency_ms"] or 0))
                                     for r in data["slowest_instances"]], " ms"),
+        "group_rebalances": _bars([(str(r["group"]), float(r["max_per_hour"] or 0))
+                                   for r in data["group_rebalances"][:20]], " per hour"),
     }
     for title, key, cols in SECTIONS:
         md.append(f"## {title}\n\n{_md_table(data[key], cols)}")

@@ -1,4 +1,4 @@
-"""Explicit Spark schemas for the two archive record streams (schema-on-read).
+"""Explicit Spark schemas for the archive record streams (schema-on-read).
 
 Telemetry lines follow the OTLP JSON mapping of ``MetricsData`` (camelCase names,
 64-bit integers as strings); only the fields the reports use are declared.
@@ -62,4 +62,11 @@ CONNECTION = _s(
     _f("apis", MapType(StringType(), LongType())), _f("metadata_max_version", LongType()),
     _f("supports_metadata_v13", BooleanType()), _f("telemetry", BooleanType()),
     _f("bytes_in", LongType()), _f("bytes_out", LongType()),
+)
+
+GROUP_REBALANCE = _s(
+    _f("ts", DoubleType()), _f("proxy", StringType()), _f("group", StringType()),
+    _f("generation", LongType()), _f("members_before", LongType()),
+    _f("members_after", LongType()), _f("duration_s", DoubleType()),
+    _f("reason", StringType()), _f("protocol", StringType()), _f("assignor", StringType()),
 )

@@ -15,9 +15,9 @@ them. Everything without a handler is relayed as bytes (responses cut through).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from kproxy.codecs.peek import RequestPeek
 from kproxy.policies.proxy_state import HostPort, ProxyState
@@ -102,10 +102,22 @@ class ResponseHandler(Protocol):
                  body: memoryview) -> Handled: ...
 
 
+class ResponseObserver(Protocol):
+    def observe(self, conn: ConnectionState, api_version: int, body: memoryview | bytes,
+                complete: bool) -> None:
+        """A response relayed as bytes: whole, or (not ``complete``) only its head, when
+        it is passed through as it arrives. Reads only; the response goes out unchanged."""
+
+
 @dataclass(frozen=True)
 class Handlers:
     requests: Mapping[int, RequestHandler] = field(default_factory=dict)
     responses: Mapping[int, ResponseHandler] = field(default_factory=dict)
+    observers: Mapping[int, ResponseObserver] = field(default_factory=dict)
+
+
+# Of a response passed through, at most this much of its head is shown to an observer.
+OBSERVED_HEAD_BYTES = 64 * 1024
 
 
 # ----------------------------------------------------------------------------- state
@@ -128,8 +140,12 @@ class ConnectionState:
         self.upstream: HostPort | None = None  # the broker it is connected to, once it is
         self.authenticated = False  # SASL passes through; the broker's answer is noted
         self.api_versions_used: dict[int, int] = {}  # highest version used per API
+        # Requests a handler keeps until their response, by correlation id (bounded by
+        # the handler): group tracking needs the request's group id at the response.
+        self.pending: dict[int, tuple[int, dict[str, Any]]] = {}
         self._requests = handlers.requests
         self._responses = handlers.responses
+        self._observers = handlers.observers
 
     # ------------------------------------------------------------------ events in
 
@@ -152,6 +168,25 @@ class ConnectionState:
                  body: memoryview) -> Handled:
         """A whole response to a request of ``api_key``/``api_version`` (``wants_response``)."""
         return self._responses[api_key].response(self, api_version, upstream_version, body)
+
+    def observe(self, api_key: int, api_version: int, body: memoryview) -> None:
+        """A whole response relayed as bytes (no handler wanted it)."""
+        observer = self._observers.get(api_key)
+        if observer is not None:
+            observer.observe(self, api_version, body, True)
+
+    def observe_head(self, api_key: int, api_version: int,
+                     parts: Sequence[memoryview | bytes]) -> None:
+        """The first bytes (size prefix included) of a response passed through."""
+        observer = self._observers.get(api_key)
+        if observer is None:
+            return
+        head = bytearray()
+        for part in parts:
+            head += part[: OBSERVED_HEAD_BYTES + 4 - len(head)]
+            if len(head) >= OBSERVED_HEAD_BYTES + 4:
+                break
+        observer.observe(self, api_version, memoryview(head)[4:], False)
 
     def connected(self, upstream: HostPort) -> None:
         self.upstream = upstream

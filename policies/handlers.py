@@ -33,6 +33,15 @@ from kproxy.policies.connection import (
     RequestDecision,
     RequestHandler,
     ResponseHandler,
+    ResponseObserver,
+)
+from kproxy.policies.group_handlers import (
+    GROUP_APIS,
+    FetchWatermarks,
+    GroupRequest,
+    GroupResponse,
+    GroupWatch,
+    MetadataTopicNames,
 )
 from kproxy.policies.metadata_bridge import (
     BACKEND_VERSION,
@@ -228,8 +237,10 @@ class SaslAuthenticateResponse:
         return Handled()
 
 
-def standard_handlers(local: dict[int, LocalHandler] | None = None) -> Handlers:
-    """The handler table: address rewriting, ApiVersions, Metadata, SASL, local answers."""
+def standard_handlers(local: dict[int, LocalHandler] | None = None,
+                      groups: GroupWatch | None = None) -> Handlers:
+    """The handler table: address rewriting, ApiVersions, Metadata, SASL, local answers,
+    and with ``groups`` the group observers (which change nothing)."""
     requests: dict[int, RequestHandler] = {
         api_keys.API_VERSIONS: ApiVersionsRequest(),
         api_keys.SASL_HANDSHAKE: SaslHandshakeRequest(),
@@ -246,4 +257,12 @@ def standard_handlers(local: dict[int, LocalHandler] | None = None) -> Handlers:
     }
     for key, since in NODE_ENDPOINTS_SINCE.items():
         responses[key] = AddressResponse(key, since)
-    return Handlers(requests, responses)
+    observers: dict[int, ResponseObserver] = {}
+    if groups is not None:
+        for key in GROUP_APIS:
+            requests[key] = GroupRequest(groups)
+            responses[key] = GroupResponse(groups, key)
+        fetch = FetchWatermarks(groups, responses.get(api_keys.FETCH))
+        responses[api_keys.FETCH] = observers[api_keys.FETCH] = fetch
+        responses[api_keys.METADATA] = MetadataTopicNames(groups, responses[api_keys.METADATA])
+    return Handlers(requests, responses, observers)

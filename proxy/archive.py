@@ -1,10 +1,11 @@
 """The telemetry archive: JSON lines on local disk for the fleet pipeline.
 
-Two record streams, each in its own folder and partitioned by date and hour:
+Three record streams, each in its own folder and partitioned by date and hour:
 ``telemetry/`` holds one OTLP JSON line per accepted push (the OpenTelemetry
 file-exporter format), ``connections/`` one inventory record per client
-connection. A file is written under a hidden name (``.part-*.jsonl.tmp``, which
-Spark and most readers skip) and renamed into place when it rotates, so a reader
+connection, ``groups/`` one record per completed consumer-group rebalance.
+A file is written under a hidden name (``.part-*.jsonl.tmp``, which Spark and most
+readers skip) and renamed into place when it rotates, so a reader
 never sees a half-written line. Completed files are capped in total size; the
 oldest go first. Writing happens on a thread behind a bounded queue: when the
 disk is slow or full, records are dropped and counted, never buffered without
@@ -37,7 +38,7 @@ from kproxy.logs import RateLimitedLog
 from kproxy.policies.bounds import MAX_FIELD_CHARS, bounded
 
 log = logging.getLogger("kproxy.archive")
-KINDS = ("telemetry", "connections")
+KINDS = ("telemetry", "connections", "groups")
 DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024  # records waiting for the writer, in all
 MAX_RECORD_ITEMS = 128  # entries of a table inside an inventory record (apis)
 _Item = tuple[str, "str | tuple[bytes, dict[str, str]]", int]  # kind, record, bytes queued
@@ -124,6 +125,11 @@ class ArchiveWriter:
     def connection(self, record: dict[str, Any]) -> None:
         line = json.dumps(_bounded_record(record), separators=(",", ":"), default=str)
         self._submit("connections", line, len(line))
+
+    def group_rebalance(self, record: dict[str, Any]) -> None:
+        """One completed consumer-group rebalance (kproxy.groups)."""
+        line = json.dumps(_bounded_record(record), separators=(",", ":"), default=str)
+        self._submit("groups", line, len(line))
 
     def _submit(self, kind: str, record: str | tuple[bytes, dict[str, str]],
                 size: int) -> None:

@@ -110,6 +110,9 @@ class Config:
     telemetry_otlp_max_batch_age: float = 2.0
     telemetry_otlp_max_queue_bytes: int = 16 * 1024 * 1024
     telemetry_otlp_max_retry_time: float = 60.0
+    group_tracking: bool = True
+    group_max_groups: int = 1_000
+    group_max_members: int = 1_000
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 

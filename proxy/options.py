@@ -303,7 +303,22 @@ SECURITY_OPTIONS: tuple[Option, ...] = (
            "connection that has not authenticated are refused as a broker refuses them, by "
            "closing the connection", "on|off"),
 )
-OPTIONS = OPTIONS + LIMIT_OPTIONS + SECURITY_OPTIONS
+
+# Consumer-group observability (kproxy.groups): read from the traffic, never changed.
+GROUP_OPTIONS: tuple[Option, ...] = (
+    Option("group_tracking", parse_bool, True,
+           "watch consumer groups in the traffic relayed (JoinGroup/SyncGroup/Heartbeat/"
+           "LeaveGroup/OffsetCommit/ConsumerGroupHeartbeat, Fetch high watermarks) and export "
+           "kproxy_group_* series; frames are relayed unchanged either way", "on|off",
+           restart=True),
+    Option("group_max_groups", parse_positive_int, 1_000,
+           "consumer groups tracked at once; the least recently seen is forgotten", "N",
+           restart=True),
+    Option("group_max_members", parse_positive_int, 1_000,
+           "members tracked per group (each may export an assigned-partitions series)", "N",
+           restart=True),
+)
+OPTIONS = OPTIONS + LIMIT_OPTIONS + SECURITY_OPTIONS + GROUP_OPTIONS
 
 def _telemetry(name: str, parse: Callable[[Any], Any], default: Any, help_: str,
                metavar: str = "", restart: bool = False) -> Option:

@@ -27,6 +27,7 @@ from kproxy.codecs import api_keys
 from kproxy.config import Config
 from kproxy.context import SessionServices
 from kproxy.exposition import Exposition
+from kproxy.groups import GroupService
 from kproxy.http_routes import routes
 from kproxy.http_server import HttpServer
 from kproxy.listeners import open_listeners
@@ -34,6 +35,7 @@ from kproxy.logs import RateLimitedLog
 from kproxy.memory import MemoryBudget
 from kproxy.metrics import ProxyMetrics
 from kproxy.policies.api_versions import default_caps
+from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, standard_handlers
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.session import Session
@@ -77,8 +79,14 @@ class Proxy:
         self.backend = BackendWatch(self.state, metrics, self.ratelog, self.rotation,
                                     config.node_id_range)
         self.budget = MemoryBudget(config.max_buffered_bytes)
+        self.groups: GroupService | None = None
+        if config.group_tracking:
+            self.groups = GroupService(GroupLimits(config.group_max_groups,
+                                                   config.group_max_members), metrics,
+                                       self.archive)
         self.services = SessionServices(
-            config, metrics, self.state, standard_handlers(local), self.budget,
+            config, metrics, self.state,
+            standard_handlers(local, self.groups.watch if self.groups else None), self.budget,
             UpstreamConnector(self.state, self.rotation, config.connect_timeout, events),
             events, self.backend)
         self.sessions: set[Session] = set()

@@ -385,6 +385,7 @@ class Session:
         self.ordered.next_upstream(slot.correlation_id)
         self.ordered.pop_head(slot)
         parts, rest = reader.take_partial()
+        self.conn.observe_head(slot.api_key, slot.api_version, parts)
         size = sum(map(len, parts)) + rest
         buf = bytearray(min(rest, RECV_BYTES))
         charge.settle(size - rest + len(buf))
@@ -407,6 +408,7 @@ class Session:
         """The response to send for ``slot``: None to relay it as received."""
         conn = self.conn
         if not conn.wants_response(slot.api_key, slot.api_version):
+            conn.observe(slot.api_key, slot.api_version, body)
             return None
         handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version, body)
         if handled.seen is not None or handled.rebootstrap is not Action.NONE:

@@ -26,7 +26,8 @@ def _value(fld: Field, t: FieldType, version: int, flexible: bool) -> st.SearchS
         items = st.lists(_value(fld, t.item, version, flexible), max_size=3)
         return st.none() | items if nullable else items
     if isinstance(t, Struct):
-        return struct_strategy(t, version, flexible)
+        inner = struct_strategy(t, version, flexible)
+        return st.none() | inner if nullable and t is fld.type else inner
     if t in _INTS:
         return _INTS[t]
     if t == "bool":

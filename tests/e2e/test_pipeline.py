@@ -156,3 +156,36 @@ def test_connection_record_and_spark_schema_agree() -> None:
             typing.get_origin(hint) in (typing.Union, types.UnionType)) else hint
         base = typing.get_origin(base) or base
         assert isinstance(field.dataType, spark_type[base]), (field.name, hint)
+def test_group_rebalances_table_and_report_section(spark: object, tmp_path: Path) -> None:
+    """Rebalance records written by the proxy's archive writer become a per-group table
+    (storms first) and the slowest rebalances, checked against plain Python."""
+    from kproxy.archive import ArchiveSettings, ArchiveWriter
+    from kproxy.pipeline.fleet import run
+
+    archive = tmp_path / "archive"
+    writer = ArchiveWriter(ArchiveSettings(archive)).start()
+    events = []
+    base = 1_800_000_000.0
+    for i in range(12):  # "storm": 10 rebalances within one hour, "calm": 2 a day apart
+        group = "storm" if i < 10 else "calm"
+        ts = base + (i * 60 if group == "storm" else (i - 10) * 86_400)
+        rec = {"ts": ts, "proxy": "p1", "group": group, "generation": i,
+               "members_before": 3, "members_after": 3 + i % 2, "duration_s": 0.5 + i,
+               "reason": "new member" if i % 2 else "member left", "protocol": "classic",
+               "assignor": "range"}
+        events.append(rec)
+        writer.group_rebalance(rec)
+    writer.close()
+    out = tmp_path / "out"
+    run(spark, [str(ARCHIVE), str(archive)], str(out), top_n=3)  # type: ignore[arg-type]
+    rows = table(spark, out, "group_rebalances")
+    assert [r["group"] for r in rows] == ["storm", "calm"]
+    storm = rows[0]
+    assert (storm["rebalances"], storm["max_per_hour"]) == (10, 10)
+    assert storm["max_seconds"] == max(e["duration_s"] for e in events[:10])
+    assert storm["reasons"] == "member left, new member"
+    assert (rows[1]["rebalances"], rows[1]["max_per_hour"]) == (2, 1)
+    slowest = table(spark, out, "slowest_rebalances")
+    assert sorted(r["duration_s"] for r in slowest) == [9.5, 10.5, 11.5]
+    report = (out / "report.md").read_text()
+    assert "## Consumer-group rebalances" in report and "| storm | 10 | 10 |" in report

@@ -40,7 +40,7 @@ def test_rotates_by_size_into_dated_partitions(tmp_path: Path) -> None:
     assert [r["i"] for r in lines(files)] == list(range(100))
     assert lines(completed(tmp_path, "connections")) == [{"client_id": "c1"}]
     assert not list(tmp_path.rglob(".*.tmp"))  # close() completes every open file
-    assert w.stats.written == {"telemetry": 100, "connections": 1}
+    assert w.stats.written == {"telemetry": 100, "connections": 1, "groups": 0}
 
 
 def test_rotates_by_age_even_without_new_records(tmp_path: Path) -> None:
