@@ -122,6 +122,14 @@ class KproxyProcess:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.bootstrap_port}"
 
+    def ready_status(self) -> int:
+        """/readyz's status, 0 while the HTTP port does not answer yet (it opens after the
+        bootstrap listener)."""
+        try:
+            return self.http_get("/readyz")[0]
+        except urllib.error.URLError:
+            return 0
+
     def http_get(self, path: str, timeout: float = 5) -> tuple[int, str]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}",
@@ -157,7 +165,7 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
         if not wait_for_port("127.0.0.1", bootstrap, 60):
             raise RuntimeError(f"kproxy did not start:\n{kp.log()}")
         deadline = time.monotonic() + 60  # a loaded machine starts Python slowly
-        while kp.http_get("/readyz")[0] != 200 and time.monotonic() < deadline:
+        while kp.ready_status() != 200 and time.monotonic() < deadline:
             time.sleep(0.1)
         yield kp
     finally:

@@ -312,7 +312,8 @@ def test_unreadable_collector_ca_stops_start_up(backend: TansuBroker, tmp_path: 
                  otlp=f'tls_ca = "{tmp_path / "missing.pem"}"')
     proc = subprocess.run([sys.executable, "-m", "kproxy.cli", "run", "--upstream",
                            backend.bootstrap, "--config", str(cfg), "--listen",
-                           f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{free_port()}"],
+                           f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{free_port()}",
+                           "--node-id-range", "111-111"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "telemetry.otlp.tls_ca: cannot load" in proc.stderr
