@@ -102,9 +102,7 @@ def decode(spec: MessageSpec, version: int, data: bytes | bytearray | memoryview
                          what=spec.name)
     r = Reader(data)
     msg = decode_from(spec, version, r, opaque)
-    if r.remaining():
-        raise CodecError(f"{r.remaining()} unexpected trailing bytes", what=spec.name,
-                         offset=r.pos)
+    r.expect_end(spec.name)
     return msg
 
 
@@ -395,9 +393,7 @@ def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int
         _decode_tags(_plan(spec.body, version, True), version, r, out)
     except CodecError as exc:
         raise exc.within(spec.name) from None
-    if r.remaining():
-        raise CodecError(f"{r.remaining()} unexpected trailing bytes", what=spec.name,
-                         offset=r.pos)
+    r.expect_end(spec.name)
     return start, out
 
 

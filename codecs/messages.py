@@ -38,11 +38,6 @@ class Response:
     body: Message
 
 
-def _check_consumed(r: Reader, what: str) -> None:
-    if r.remaining():
-        raise CodecError(f"{r.remaining()} unexpected trailing bytes", what=what, offset=r.pos)
-
-
 def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     """Decode a request frame body (size prefix removed) of an API the proxy knows."""
     r = Reader(frame)
@@ -53,7 +48,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
             f"{api_name(header.api_key)} v{header.api_version} requests are not decoded "
             "by this proxy", what="RequestHeader", offset=0)
     body = decode_from(spec, header.api_version, r)
-    _check_consumed(r, spec.name)
+    r.expect_end(spec.name)
     return Request(header, body)
 
 
@@ -70,7 +65,7 @@ def decode_response(frame: bytes | bytearray | memoryview, api_key: int,
     r = Reader(frame)
     header = read_response_header(r, api_key, api_version)
     body = decode_from(spec, api_version, r, opaque)
-    _check_consumed(r, spec.name)
+    r.expect_end(spec.name)
     return Response(api_key, api_version, header, body)
 
 

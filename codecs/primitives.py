@@ -36,6 +36,12 @@ class Reader:
     def remaining(self) -> int:
         return self.end - self.pos
 
+    def expect_end(self, what: str) -> None:
+        """A message must use every byte of its frame: anything left is an error."""
+        if self.remaining():
+            raise CodecError(f"{self.remaining()} unexpected trailing bytes", what=what,
+                             offset=self.pos)
+
     def _need(self, n: int, what: str) -> int:
         start = self.pos
         if n < 0 or start + n > self.end:

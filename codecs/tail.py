@@ -50,9 +50,7 @@ def read_tail(spec: MessageSpec, version: int, r: Reader, name: str) -> tuple[in
         out = _decode_struct(tail, version, flexible, r)
     except CodecError as exc:
         raise exc.within(spec.name) from None
-    if r.remaining():
-        raise CodecError(f"{r.remaining()} unexpected trailing bytes", what=spec.name,
-                         offset=r.pos)
+    r.expect_end(spec.name)
     return start, out
 
 
