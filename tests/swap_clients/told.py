@@ -103,6 +103,17 @@ def run_told(bootstrap: str, work: Path, clients: tuple[str, ...]) -> dict[str, 
                                if "s" in r and r["e"] is None and r["t"] >= t)
                 wait_until(lambda: all(acked_since(c, 0) for c in clients), 90,
                            "a client acknowledged nothing before the change", running)
+                # A connection is told only if it had a Metadata answer before the change
+                # (one whose first Metadata comes after it already has the new view). Let
+                # every client run through a few metadata refreshes (METADATA_AGE_MS) on
+                # its connections first: until each has acks spanning three of them.
+                span_s = 3 * METADATA_AGE_MS / 1000
+
+                def producing_for(c: str) -> float:
+                    times = [r["t"] for r in read_reports(outs[c]) if "s" in r]
+                    return max(times) - min(times) if times else 0.0
+                wait_until(lambda: all(producing_for(c) >= span_s for c in clients), 90,
+                           "a client did not keep producing before the change", running)
                 changed_at = time.time()
                 req = urllib.request.Request(f"http://127.0.0.1:{kp.http_port}"
                                              "/admin/rebootstrap", method="POST")
