@@ -107,6 +107,17 @@ class Charge:
             await self.budget.reserve(more, holding=self.held)
             self.held = total
 
+    async def wait_for_room(self) -> None:
+        """Wait, holding nothing more, until the budget has room; in arrival order.
+
+        Called before a receive that may block for a long time (an idle connection):
+        a reservation held across that wait would let idle connections spend the budget.
+        What the receive brings is counted after it (``settle``), so the budget is passed
+        by at most one receive per connection receiving at that moment.
+        """
+        await self.budget.reserve(1, holding=self.held)
+        self.budget.give_back(1)
+
     def settle(self, total: int) -> None:
         """Hold exactly ``total`` bytes; what is no longer held goes back."""
         if total < self.held:

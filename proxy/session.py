@@ -164,7 +164,7 @@ class Session:
                 if not reader.held():
                     # Between frames: wait for room in the budget before taking more.
                     # Mid-frame, never: a partial frame is only freed by completing it.
-                    await charge.reserve_to(RECV_BYTES)
+                    await charge.wait_for_room()
                 n = client.fill_now(reader, RECV_BYTES)
                 if n is None:
                     # Only the wait for bytes is cancellable by a drain: a request already
@@ -331,7 +331,7 @@ class Session:
         try:
             while True:
                 if not reader.held():
-                    await charge.reserve_to(RECV_BYTES)
+                    await charge.wait_for_room()
                 n = upstream.fill_now(reader, RECV_BYTES)
                 if n is None:
                     n = await upstream.fill(reader, RECV_BYTES)

@@ -68,6 +68,24 @@ async def test_only_waiters_holding_bytes_is_not_a_deadlock() -> None:
     assert b.held == 90 and budget.used == 90
 
 
+async def test_idle_connections_hold_nothing_of_the_budget() -> None:
+    """A connection waiting for its next request holds no reservation: ten thousand idle
+    ones leave the whole budget to those moving data."""
+    budget = MemoryBudget(1024 * 1024)
+    idle = [Charge(budget) for _ in range(10_000)]
+    for charge in idle:
+        await charge.wait_for_room()  # what each does before a receive that may block
+    assert budget.used == 0
+    busy = Charge(budget)
+    busy.settle(1024 * 1024)  # one connection fills it...
+    with trio.move_on_after(0.05) as waited:
+        await idle[0].wait_for_room()  # ...and the next receive waits for room
+    assert waited.cancelled_caught
+    busy.release()
+    await idle[0].wait_for_room()
+    assert budget.used == 0
+
+
 async def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
     budget = MemoryBudget(10)
     await budget.reserve(10)
