@@ -23,8 +23,10 @@ DEADLINE = 120.0
 _SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
+    # A broker per test: tansu's coordinator keeps the earlier tests' groups, and a
+    # kafka-python group behind them was once seen rejoining without end.
     with TansuBroker(log_path=tmp_path_factory.mktemp("tansu") / "tansu.log") as broker:
         yield broker
 
