@@ -36,3 +36,10 @@ def expired(now: float, frames_in: int, in_flight: int, last_activity: float,
     if not in_flight and idle_timeout and now - last_activity >= idle_timeout:
         return "idle_timeout"
     return None
+
+
+def reason(which: str, first_request_timeout: float, idle_timeout: float) -> str:
+    """What the log says when ``which`` (a result of ``expired``) closes a connection."""
+    if which == "first_request_timeout":
+        return f"no complete request within {first_request_timeout:g}s of connecting"
+    return f"idle for {idle_timeout:g}s"

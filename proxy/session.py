@@ -12,8 +12,8 @@ Responses: a response no handler needs whole is relayed as it arrives. Small one
 are batched and written without copying; a large one is passed through chunk by
 chunk (cut-through), so a 50 MB fetch costs one receive buffer, not 50 MB. A
 response a handler must see whole (addresses to rewrite) is received in place, its
-size reserved from the budget first. Writes are shielded from cancellation, so a
-frame is never cut in half, and bounded by a timeout.
+size reserved from the budget first. Writes to the client go through the session's
+``ClientWriter`` (``kproxy.client_writer``): whole frames, in order, one at a time.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import trio
 
+from kproxy.client_writer import ClientWriter, send_all
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
@@ -45,7 +46,7 @@ from kproxy.policies.connection import (
     Forward,
 )
 from kproxy.policies.rebootstrap import Action
-from kproxy.transport import Buffer, Transport, coalesce, copy_exactly, transport_for
+from kproxy.transport import Transport, transport_for
 
 log = logging.getLogger("kproxy.session")
 _SIZE = struct.Struct(">i")
@@ -67,18 +68,15 @@ class Session:
         self._client_io: Transport = transport_for(client)
         self._upstream_io: Transport | None = None
         self.ordered = OrderedResponses()
+        self.writer = ClientWriter(self._client_io, self.ordered, services.metrics,
+                                   lambda: self.config.write_timeout)
         # For the idle and first-request timeouts: complete frames either way.
         self.frames_in = 0
         self.last_activity = trio.current_time()
         self.bytes_in = 0
-        self.bytes_out = 0
         self.opened_at = time.time()
-        self.latency = LatencySketch()  # recent response times, for the status page
-        self._write_lock = trio.Lock()
-        self._room = trio.Event()
         self._draining = False
         self._end_at_request = False
-        self._close_after_flush = False
         self._recv_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self.done = trio.Event()
@@ -86,6 +84,14 @@ class Session:
     @property
     def config(self) -> Config:
         return self.services.config  # read each time: a reload applies to open sessions
+
+    @property
+    def bytes_out(self) -> int:
+        return self.writer.bytes_out
+
+    @property
+    def latency(self) -> LatencySketch:
+        return self.writer.latency  # recent response times, for the status page
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,8 +176,9 @@ class Session:
                     # Only the wait for bytes is cancellable by a drain: a request already
                     # taken is always sent upstream and answered. One scope serves both:
                     # a drain cancels it, the read deadline expires it.
-                    self._recv_scope = trio.CancelScope(
-                        deadline=self._read_deadline(first_deadline))
+                    self._recv_scope = trio.CancelScope(deadline=timeouts.read_deadline(
+                        trio.current_time(), first_deadline, self.frames_in,
+                        len(self.ordered), self.last_activity, self.config.idle_timeout))
                     with self._recv_scope:
                         n = await client.fill(reader, RECV_BYTES)
                     if self._recv_scope.cancelled_caught:
@@ -189,28 +196,18 @@ class Session:
         # Draining: wait until every request already taken has been answered.
         with trio.move_on_after(cfg.drain_timeout):
             while len(self.ordered):
-                self._room = trio.Event()
-                await self._room.wait()
+                await self.writer.answers_left()
         self.close()
-
-    def _read_deadline(self, first_deadline: float) -> float:
-        return timeouts.read_deadline(trio.current_time(), first_deadline, self.frames_in,
-                                      len(self.ordered), self.last_activity,
-                                      self.config.idle_timeout)
 
     def _check_timeouts(self) -> None:
         """A read deadline passed: close a silent new connection or an idle one."""
         cfg = self.config
         which = timeouts.expired(trio.current_time(), self.frames_in, len(self.ordered),
                                  self.last_activity, cfg.idle_timeout)
-        if which == "first_request_timeout":
-            msg = f"no complete request within {cfg.first_request_timeout:g}s of connecting"
-        elif which == "idle_timeout":
-            msg = f"idle for {cfg.idle_timeout:g}s"
-        else:
-            return
-        self.services.events.limit_hit(which, f"{msg}; closed", self.conn)
-        raise SessionClosed(which.replace("_", " "))
+        if which is not None:
+            msg = timeouts.reason(which, cfg.first_request_timeout, cfg.idle_timeout)
+            self.services.events.limit_hit(which, f"{msg}; closed", self.conn)
+            raise SessionClosed(which.replace("_", " "))
 
     async def _handle_requests(self, reader: FrameReader) -> None:
         if self._end_at_request:
@@ -278,13 +275,13 @@ class Session:
         if out:
             await self._send_upstream(out)
         if answered_locally:
-            await self._flush()
+            await self.writer.flush()
 
     async def _send_upstream(self, parts: list[Frame | bytes]) -> None:
         if self._upstream_io is None:
             await self._connect()
         assert self._upstream_io is not None
-        await self._send(self._upstream_io, parts)
+        await send_all(self._upstream_io, parts, self.config.write_timeout)
 
     async def _connect(self) -> None:
         """Open the upstream connection (lazily: at the first request it must carry)."""
@@ -311,15 +308,14 @@ class Session:
                                               self.conn)
             raise SessionClosed(str(exc)) from None
         slot.wire = _SIZE.pack(len(body)) + body
-        await self._flush()
+        await self.writer.flush()
 
     async def _wait_for_room(self) -> None:
         self.services.events.limit_hit("max_inflight", "client has max_inflight requests in "
                                        "flight; not reading from it until responses drain",
                                        self.conn)
         while len(self.ordered) >= self.config.max_inflight:
-            self._room = trio.Event()
-            await self._room.wait()
+            await self.writer.answers_left()
 
     # ------------------------------------------------------------------ responses
 
@@ -341,7 +337,7 @@ class Session:
                 charge.settle(reader.held())
                 try:
                     await self._handle_responses(reader)
-                    await self._flush()
+                    await self.writer.flush()
                     charge.settle(reader.held())
                     await self._handle_pending(reader, charge)
                 except (CodecError, ProtocolViolation) as exc:
@@ -386,23 +382,13 @@ class Session:
         self.ordered.pop_head(slot)
         parts, rest = reader.take_partial()
         self.conn.observe_head(slot.api_key, slot.api_version, parts)
-        size = sum(map(len, parts)) + rest
-        buf = bytearray(min(rest, RECV_BYTES))
-        charge.settle(size - rest + len(buf))
-        async with self._write_lock:
-            await self._send(self._client_io, list(parts))
-            del parts
-            charge.settle(len(buf))
-            try:
-                await copy_exactly(upstream, rest, buf,
-                                   lambda piece: self._send(self._client_io, [piece]))
-            except PeerGone:
-                self.services.events.upstream_lost(self.conn, "broker closed the connection "
-                                                   "mid-response")
-                raise
+        try:
+            await self.writer.relay(slot, parts, upstream, rest, charge, RECV_BYTES)
+        except PeerGone:
+            self.services.events.upstream_lost(self.conn, "broker closed the connection "
+                                               "mid-response")
+            raise
         self.last_activity = trio.current_time()
-        self._account_sent(slot, size)
-        self._room.set()
 
     async def _process_response(self, slot: Slot, body: memoryview) -> bytes | None:
         """The response to send for ``slot``: None to relay it as received."""
@@ -414,54 +400,7 @@ class Session:
         if handled.seen is not None or handled.rebootstrap is not Action.NONE:
             await self.services.backend.observed(handled, conn)
         if handled.close_after:
-            self._close_after_flush = True
+            self.writer.close_after_flush = True
         if handled.body is None or handled.body is body:
             return None
         return _SIZE.pack(len(handled.body)) + bytes(handled.body)
-
-    async def _flush(self) -> None:
-        # One writer at a time; taking a free lock without a scheduling round trip
-        # matters on the per-request path.
-        lock = self._write_lock
-        if lock.locked():
-            await lock.acquire()
-        else:
-            lock.acquire_nowait()
-        try:
-            ready = self.ordered.pop_ready()
-            if not ready:
-                return
-            parts: list[Frame | bytes] = []
-            for slot in ready:
-                assert slot.wire is not None
-                parts.append(slot.wire)
-                wire = slot.wire
-                self._account_sent(slot, len(wire) + 4 if isinstance(wire, Frame)
-                                   else len(wire))
-            await self._send(self._client_io, parts)
-            self._room.set()
-            if self._close_after_flush:
-                raise SessionClosed("closed after its last response, as the legacy-client "
-                                    "policy asks")
-        finally:
-            lock.release()
-
-    def _account_sent(self, slot: Slot, size: int) -> None:
-        api = self.services.metrics.api(slot.api_key)
-        now = time.monotonic()
-        api.latency.observe(now - slot.started)
-        self.latency.observe(now - slot.started, now)
-        api.response_bytes.inc(size)
-        self.bytes_out += size
-
-    async def _send(self, transport: Transport, parts: Sequence[Frame | Buffer]) -> None:
-        """Write every part or end the session; cancellation never splits a frame."""
-        rest = transport.send_now(coalesce(parts))
-        if not rest:  # the kernel took it all: no wait, nothing to cancel
-            return
-        # One scope: shielded from outside cancellation, bounded by its own deadline.
-        with trio.CancelScope(shield=True, deadline=trio.current_time()
-                              + self.config.write_timeout) as scope:
-            await transport.send_rest(rest)
-        if scope.cancelled_caught:
-            raise SessionClosed("write timed out")
