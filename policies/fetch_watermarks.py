@@ -20,10 +20,10 @@ from typing import Any
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.headers import read_response_header
-from kproxy.codecs.interpreter import skip_struct_at
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schema import ArrayOf, Struct
+from kproxy.codecs.skipping import skip_struct_at
 
 _HEAD = struct.Struct(">ihq")  # partition_index, error_code, high_watermark
 
