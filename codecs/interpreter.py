@@ -1,4 +1,4 @@
-"""One interpreter that decodes, encodes and skips any message described in ``schema``.
+"""One interpreter that decodes and encodes any message described in ``schema``.
 
 Decoded messages are plain dicts keyed by field name. A tagged field that was not
 on the wire is absent from the dict (so decode → encode reproduces the bytes
@@ -7,18 +7,19 @@ exactly), and tagged fields this schema does not know are kept as raw bytes unde
 
 A caller that needs only some of a message can name top-level fields to keep
 ``Opaque``: they are skipped rather than built, and encoded by copying their bytes.
+Skipping, walking past a value without building it, lives in ``skipping``.
 """
 
 from __future__ import annotations
 
-import struct
 import uuid
-from functools import lru_cache
 from typing import Any
 
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.primitives import ZERO_UUID, Reader, Writer
 from kproxy.codecs.schema import ArrayOf, Field, FieldType, MessageSpec, Struct
+from kproxy.codecs.skipping import skip, skip_value
+from kproxy.codecs.struct_plan import Plan, is_null_struct, plan_of
 
 UNKNOWN_TAGS = "_unknown_tags"
 
@@ -46,31 +47,6 @@ class Opaque:
 
     def __repr__(self) -> str:
         return f"Opaque({len(self.raw)} bytes)"
-
-
-class _Plan:
-    """The fields of one struct that exist at one version, split by how they travel."""
-
-    __slots__ = ("by_tag", "regular", "tagged")
-
-    def __init__(self, regular: list[Field], tagged: list[Field]) -> None:
-        self.regular = regular
-        self.tagged = sorted(tagged, key=lambda fld: fld.tag or 0)
-        self.by_tag = {fld.tag: fld for fld in tagged}
-
-
-@lru_cache(maxsize=4096)
-def _plan(st: Struct, version: int, flexible: bool) -> _Plan:
-    regular: list[Field] = []
-    tagged: list[Field] = []
-    for fld in st.fields:
-        if version not in fld.versions:
-            continue
-        if flexible and version in fld.tagged:
-            tagged.append(fld)
-        else:
-            regular.append(fld)
-    return _Plan(regular, tagged)
 
 
 def _zero(t: FieldType) -> Any:
@@ -117,13 +93,13 @@ def decode_from(spec: MessageSpec, version: int, r: Reader,
 
 def _decode_struct(st: Struct, version: int, flexible: bool, r: Reader,
                    opaque: frozenset[str] = NO_FIELDS) -> Message:
-    plan = _plan(st, version, flexible)
+    plan = plan_of(st, version, flexible)
     out: Message = {}
     for fld in plan.regular:
         start = r.pos
         try:
             if fld.name in opaque:
-                _skip_value(fld, version, flexible, r)
+                skip_value(fld, version, flexible, r)
                 out[fld.name] = Opaque(bytes(r.buf[start : r.pos]))
                 continue
             out[fld.name] = _decode_value(fld, fld.type, version, flexible, r)
@@ -136,7 +112,7 @@ def _decode_struct(st: Struct, version: int, flexible: bool, r: Reader,
     return out
 
 
-def _decode_tags(plan: _Plan, version: int, r: Reader, out: Message) -> None:
+def _decode_tags(plan: Plan, version: int, r: Reader, out: Message) -> None:
     start = r.pos
     count = r.uvarint()
     if count > r.remaining():
@@ -189,7 +165,7 @@ def _decode_value(fld: Field, t: FieldType, version: int, flexible: bool, r: Rea
                 raise exc.within(f"[{i}]") from None
         return items
     if isinstance(t, Struct):
-        if t is fld.type and version in fld.nullable and _null_struct(r):
+        if t is fld.type and version in fld.nullable and is_null_struct(r):
             return None
         return _decode_struct(t, version, flexible, r)
     if t == "int32":
@@ -225,156 +201,7 @@ def _decode_value(fld: Field, t: FieldType, version: int, flexible: bool, r: Rea
     raise CodecError(f"no decoder for type {t}")  # pragma: no cover - schema bug
 
 
-def _null_struct(r: Reader) -> bool:
-    """A nullable struct starts with an int8: -1 for null, 1 for present."""
-    at = r.pos
-    marker = r.int8()
-    if marker not in (-1, 1):
-        raise CodecError(f"invalid nullable struct marker {marker}", offset=at)
-    return marker == -1
-
-
-# ----------------------------------------------------------------------------- skip
-
-
-def skip(spec: MessageSpec, version: int, r: Reader, *, stop_before_tags: bool = False) -> None:
-    """Advance over a body without building it (records are skipped, never copied).
-
-    With ``stop_before_tags`` the cursor stops at the top-level tagged-field section,
-    which is where KIP-951's NodeEndpoints live.
-    """
-    flexible = spec.is_flexible(version)
-    program = _skip_program(spec.body, version, flexible)
-    if flexible and stop_before_tags:
-        program = program[:-1]  # the tag section is always the last step
-    try:
-        _run_skip(program, flexible, r)
-    except CodecError as exc:
-        raise exc.within(spec.name) from None
-
-
-def _skip_tags(r: Reader) -> None:
-    for _ in range(r.uvarint()):
-        r.uvarint()
-        r.skip(r.uvarint())
-
-
-_FIXED_SIZES = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8,
-                "float64": 8, "uuid": 16}
-
-# The steps of a skip program. Skipping walks large responses (every partition of a
-# Fetch or Metadata response), so each struct at each version is compiled once into
-# a short list of steps, with runs of fixed-width fields merged into one.
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_FIXED, _SIZED, _ARRAY, _STRUCT, _TAGS, _NULLABLE_STRUCT = range(6)
-Step = tuple[int, Any]
-SkipProgram = tuple[Step, ...]
-
-
-def _step(t: FieldType, version: int, flexible: bool) -> Step:
-    """How to skip one value of type ``t``."""
-    if isinstance(t, ArrayOf):
-        return (_ARRAY, _step(t.item, version, flexible))
-    if isinstance(t, Struct):
-        return (_STRUCT, _skip_program(t, version, flexible))
-    size = _FIXED_SIZES.get(t)
-    if size is not None:
-        return (_FIXED, size)
-    if t in ("string", "bytes", "records"):
-        return (_SIZED, t == "string")
-    raise CodecError(f"no way to skip type {t}")  # pragma: no cover - schema bug
-
-
-@lru_cache(maxsize=4096)
-def _skip_program(st: Struct, version: int, flexible: bool) -> SkipProgram:
-    steps: list[Step] = []
-    for fld in _plan(st, version, flexible).regular:
-        step = _field_step(fld, version, flexible)
-        if step[0] == _FIXED and steps and steps[-1][0] == _FIXED:
-            steps[-1] = (_FIXED, steps[-1][1] + step[1])
-        else:
-            steps.append(step)
-    if flexible:
-        steps.append((_TAGS, None))
-    return tuple(steps)
-
-
-def _field_step(fld: Field, version: int, flexible: bool) -> Step:
-    """How to skip one field's value (a nullable struct carries a presence byte)."""
-    step = _step(fld.type, version, flexible)
-    if step[0] == _STRUCT and version in fld.nullable:
-        return (_NULLABLE_STRUCT, step[1])
-    return step
-
-
-def _skip_value(fld: Field, version: int, flexible: bool, r: Reader) -> None:
-    """Skip one field's value, of any type."""
-    _run_skip((_field_step(fld, version, flexible),), flexible, r)
-
-
-def _run_skip(program: SkipProgram, flexible: bool, r: Reader) -> None:
-    r.pos = _skip_at(program, flexible, r, r.pos)
-
-
-def _length(r: Reader, pos: int, flexible: bool, wide: bool) -> tuple[int, int]:
-    """A length prefix at ``pos`` (compact: uvarint - 1; else int16/int32) and the next pos."""
-    if flexible:
-        if pos < r.end and r.buf[pos] < 0x80:  # one byte: nearly every length
-            return r.buf[pos] - 1, pos + 1
-        r.pos = pos
-        return r.uvarint() - 1, r.pos
-    size = 4 if wide else 2
-    if pos + size > r.end:
-        raise CodecError(f"need {size} bytes for a length, {r.end - pos} left", offset=pos)
-    return (_I32 if wide else _I16).unpack_from(r.buf, pos)[0], pos + size
-
-
-def _skip_at(program: SkipProgram, flexible: bool, r: Reader, pos: int) -> int:
-    """Walk ``program`` from ``pos``; returns where it ends. Bounds are checked per step."""
-    end = r.end
-    for step, arg in program:
-        at = pos
-        if step == _FIXED:
-            pos += arg
-        elif step == _SIZED:
-            n, pos = _length(r, pos, flexible, wide=not arg)
-            if n < -1:
-                raise CodecError(f"invalid length {n}", offset=at)
-            if n > 0:
-                pos += n
-        elif step == _ARRAY:
-            n, pos = _length(r, pos, flexible, wide=True)
-            if n < -1 or n > end - pos:
-                raise CodecError(f"invalid array length {n}", offset=at)
-            item, inner = arg
-            if item == _FIXED:
-                pos += max(n, 0) * inner
-            else:
-                item_program = inner if item == _STRUCT else (arg,)
-                for _ in range(n):
-                    pos = _skip_at(item_program, flexible, r, pos)
-        elif step == _STRUCT:
-            pos = _skip_at(arg, flexible, r, pos)
-        elif step == _NULLABLE_STRUCT:
-            r.pos = pos
-            pos = r.pos if _null_struct(r) else _skip_at(arg, flexible, r, r.pos)
-        else:  # _TAGS
-            r.pos = pos
-            _skip_tags(r)
-            pos = r.pos
-        if pos > end:
-            raise CodecError(f"needs {pos - at} bytes, {end - at} left", offset=at)
-    return pos
-
-
-def skip_struct_at(st: Struct, version: int, flexible: bool, r: Reader, pos: int) -> int:
-    """Where one ``st`` value starting at ``pos`` ends (compiled, nothing built): for
-    walkers that read a few leading fields of each element of a large array."""
-    end = _skip_at(_skip_program(st, version, flexible), flexible, r, pos)
-    if end > r.end:
-        raise CodecError(f"{st.name} runs past the end", what=st.name, offset=pos)
-    return end
+# ----------------------------------------------------------------------------- top-level tags
 
 
 def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int, Message]:
@@ -390,7 +217,7 @@ def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int
     start = r.pos
     out: Message = {}
     try:
-        _decode_tags(_plan(spec.body, version, True), version, r, out)
+        _decode_tags(plan_of(spec.body, version, True), version, r, out)
     except CodecError as exc:
         raise exc.within(spec.name) from None
     r.expect_end(spec.name)
@@ -399,7 +226,7 @@ def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int
 
 def encode_top_level_tags(spec: MessageSpec, version: int, tags: Message) -> bytes:
     w = Writer()
-    encode_tags(_plan(spec.body, version, True).tagged, version, tags, w)
+    encode_tags(plan_of(spec.body, version, True).tagged, version, tags, w)
     return w.getvalue()
 
 
@@ -423,7 +250,7 @@ def encode_into(spec: MessageSpec, version: int, msg: Message, w: Writer) -> Non
 
 
 def _encode_struct(st: Struct, version: int, flexible: bool, msg: Message, w: Writer) -> None:
-    plan = _plan(st, version, flexible)
+    plan = plan_of(st, version, flexible)
     for fld in plan.regular:
         value = msg[fld.name] if fld.name in msg else default_of(fld)
         try:

@@ -11,23 +11,18 @@ from __future__ import annotations
 from functools import lru_cache
 
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.interpreter import (
-    Message,
-    _decode_struct,
-    _encode_struct,
-    _plan,
-    _run_skip,
-    _skip_program,
-)
+from kproxy.codecs.interpreter import Message, _decode_struct, _encode_struct
 from kproxy.codecs.primitives import Reader, Writer
 from kproxy.codecs.schema import MessageSpec, Struct
+from kproxy.codecs.skipping import run_skip, skip_program
+from kproxy.codecs.struct_plan import plan_of
 
 
 @lru_cache(maxsize=256)
 def _split(spec: MessageSpec, version: int, name: str) -> tuple[Struct, Struct]:
     """The regular fields before ``name`` (no tags), and ``name`` onwards with the tags."""
     flexible = spec.is_flexible(version)
-    plan = _plan(spec.body, version, flexible)
+    plan = plan_of(spec.body, version, flexible)
     names = [fld.name for fld in plan.regular]
     if name not in names:
         raise CodecError(f"{spec.name} v{version} has no regular field {name}", what=spec.name)
@@ -41,11 +36,11 @@ def read_tail(spec: MessageSpec, version: int, r: Reader, name: str) -> tuple[in
     """Skip to regular field ``name``; return where it starts and it and all after it."""
     head, tail = _split(spec, version, name)
     flexible = spec.is_flexible(version)
-    program = _skip_program(head, version, flexible)
+    program = skip_program(head, version, flexible)
     if flexible:
         program = program[:-1]  # the head has no tag section of its own
     try:
-        _run_skip(program, flexible, r)
+        run_skip(program, flexible, r)
         start = r.pos
         out = _decode_struct(tail, version, flexible, r)
     except CodecError as exc:

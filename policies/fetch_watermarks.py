@@ -20,10 +20,10 @@ from typing import Any
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.headers import read_response_header
-from kproxy.codecs.interpreter import skip_struct_at
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schema import ArrayOf, Struct
+from kproxy.codecs.skipping import skip_struct_at, skip_tags
 
 _HEAD = struct.Struct(">ihq")  # partition_index, error_code, high_watermark
 
@@ -67,7 +67,7 @@ def fetch_watermarks(api_version: int, frame: bytes | memoryview,
                     out.append((topic, index, hwm))
                 r.pos = skip_struct_at(_PARTITION, api_version, flexible, r, at)
             if flexible:
-                _skip_tags(r)
+                skip_tags(r)
     except CodecError:
         return None
     return r.pos
@@ -78,12 +78,6 @@ def _count(r: Reader, flexible: bool) -> int:
     if n < 0 or n > r.remaining():
         raise CodecError(f"invalid array length {n}")
     return n
-
-
-def _skip_tags(r: Reader) -> None:
-    for _ in range(r.uvarint()):
-        r.uvarint()
-        r.skip(r.uvarint())
 
 
 class TopicNames:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kproxy.codecs import interpreter
+from kproxy.codecs import interpreter, skipping
 from kproxy.codecs.headers import read_response_header
 from kproxy.codecs.messages import decode_response
 from kproxy.codecs.primitives import Reader
@@ -17,7 +17,7 @@ def walk_response(key: int, version: int, data: bytes) -> None:
     if spec.is_flexible(version):
         interpreter.read_top_level_tags(spec, version, r)
     else:
-        interpreter.skip(spec, version, r)
+        skipping.skip(spec, version, r)
 
 
 def decode_response_opaque(key: int, version: int, data: bytes) -> None:

@@ -1,0 +1,247 @@
+"""What `make bench` runs and measures: proxy processes, client workloads, idle
+connections, telemetry pushes and /metrics scrapes under load.
+
+Each workload runs in a client process of its own (``workloads.py``), so the
+clients' timings share no interpreter with the driver or with each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from kproxy.embedded_broker import free_port, wait_for_port  # noqa: E402
+from tests.support import stop_process as stop_proc  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from workloads import read_exactly  # noqa: E402
+
+WORKLOADS = Path(__file__).with_name("workloads.py")
+
+
+def raise_fd_limit() -> int:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+@dataclass
+class Path_:
+    """One way to reach the broker: direct, or through a proxy process."""
+
+    name: str
+    bootstrap: str
+    process: subprocess.Popen[bytes] | None = None
+    results: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+    def cpu_seconds(self) -> float:
+        if self.process is None:
+            return 0.0
+        stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mb(self) -> float:
+        if self.process is None:
+            return 0.0
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+
+def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None,
+          ) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+    if not wait_for_port("127.0.0.1", port, 20):
+        proc.kill()
+        raise RuntimeError(f"{cmd[0]} did not start: {log.read_text()[-800:]}")
+    return proc
+
+
+def workload(kind: str, bootstrap: str, **opts: object) -> dict[str, float]:
+    args = [sys.executable, str(WORKLOADS), kind, bootstrap]
+    for k, v in opts.items():
+        args += [f"--{k}", str(v)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{kind} via {bootstrap} failed: {proc.stderr[-800:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(30)
+
+
+def idle_connections(path: Path_, counts: list[int]) -> dict[int, float]:
+    """MB of proxy memory per 1k connections that did one ApiVersions and went idle."""
+    out: dict[int, float] = {}
+    host, port = path.bootstrap.rsplit(":", 1)
+    api_versions = struct.pack(">hhih", 18, 0, 1, 4) + b"idle"
+    frame = struct.pack(">i", len(api_versions)) + api_versions
+    for n in counts:
+        time.sleep(0.5)
+        before = path.rss_mb()
+        socks = []
+        try:
+            for _ in range(n):
+                s = socket.create_connection((host, int(port)), timeout=10)
+                s.sendall(frame)
+                socks.append(s)
+            for s in socks:  # every connection answered: it is open end to end
+                size = struct.unpack(">i", read_exactly(s, 4))[0]
+                read_exactly(s, size)
+            time.sleep(1.0)
+            out[n] = path.rss_mb() - before
+        finally:
+            for s in socks:
+                s.close()
+    return out
+
+
+def telemetry_pushes(bootstrap: str, kproxy: Path_, seconds: float,
+                     instances: int = 2000) -> dict[str, float]:
+    """PushTelemetry/s with real librdkafka-sized zstd payloads and the exporter live."""
+    from kproxy.codecs.framing import FrameReader
+    from kproxy.codecs.messages import decode_request, decode_response
+    from tests.support import encode_request
+
+    vectors = ROOT / "tests" / "vectors" / "librdkafka-telemetry.jsonl"
+    push = next(json.loads(line) for line in vectors.read_text().splitlines()
+                if '"compression": "zstd"' in line and json.loads(line)["api_key"] == 72
+                and json.loads(line)["direction"] == "request")
+    payload = decode_request(bytes.fromhex(push["hex"])).body["metrics"]
+    host, port = bootstrap.rsplit(":", 1)
+    conns = [socket.create_connection((host, int(port))) for _ in range(4)]
+    readers = [FrameReader() for _ in conns]
+
+    def roundtrip(i: int, data: bytes) -> bytes:
+        s, r = conns[i % len(conns)], readers[i % len(conns)]
+        s.sendall(data)
+        while (f := r.next_frame()) is None:
+            r.feed(s.recv(1 << 20))
+        return f
+
+    frames = []
+    for i in range(instances):
+        iid = uuid.uuid4()
+        got = decode_response(roundtrip(i, encode_request(71, 0, i, {"client_instance_id": iid})),
+                              71, 0).body
+        frames.append(encode_request(72, 0, i, {
+            "client_instance_id": got["client_instance_id"],
+            "subscription_id": got["subscription_id"], "terminating": False,
+            "compression_type": 4, "metrics": payload}))
+    time.sleep(0.15)  # one push interval (100 ms) since the Gets
+    cpu0, t0 = kproxy.cpu_seconds(), time.perf_counter()
+    accepted = refused = 0
+    deadline = t0 + seconds
+    batch = 200
+    i = 0
+    while time.perf_counter() < deadline:
+        for c, (s, r) in enumerate(zip(conns, readers, strict=True)):
+            chunk = [frames[(i + k) % instances] for k in range(c, batch, len(conns))]
+            s.sendall(b"".join(chunk))
+            for _ in chunk:
+                while (f := r.next_frame()) is None:
+                    r.feed(s.recv(1 << 20))
+                error = struct.unpack_from(">h", f, 4 + 1 + 4)[0]  # corr, tags, throttle
+                accepted += error == 0
+                refused += error != 0
+        i += batch
+        # Each instance may push once per 100 ms: pace the rounds over the instances.
+        time.sleep(0.12 * batch / instances)
+    dt = time.perf_counter() - t0
+    cpu = kproxy.cpu_seconds() - cpu0
+    for s in conns:
+        s.close()
+    return {"pushes_s": accepted / dt, "refused": refused,
+            "pushes_per_cpu_s": accepted / cpu if cpu else 0.0, "proxy_cpu": cpu / dt}
+
+
+SCRAPE_SIZES = (10_000, 100_000, 250_000)
+SERIES_PER_INSTANCE = 250
+
+
+def scrape_under_load(broker: str, work: Path, sizes: tuple[int, ...],
+                      seconds: float) -> list[dict[str, float]]:
+    """/metrics at growing numbers of client series: how long a scrape takes, and the
+    relay's produce p99 without scrapes and while scrapes run back to back.
+
+    A kproxy of its own (series cap 250,000) is filled through real telemetry
+    requests (tests/scrape_load.py: 250 series per client instance); the producer
+    is the produce_latency workload in its own process; the scraper asks for gzip
+    as Prometheus does.
+    """
+    import threading
+
+    from tests.scrape_load import fill_series, metric_value, scrape
+
+    port, http, base = free_port(), free_port(), free_port()
+    proc = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
+                  "--upstream", broker,
+                  "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}",
+                  "--broker-port-base", str(base), "--node-id-range", "111-111",
+                  "--telemetry-max-series", str(max(sizes)),
+                  "--telemetry-max-series-bytes", str(512 << 20), "--log-level", "warning"],
+                 port, work / "kproxy-scrape.log", {"KPROXY_CONFIG": ""})
+    bootstrap = f"127.0.0.1:{port}"
+    rows: list[dict[str, float]] = []
+    try:
+        create_topic(bootstrap, "scrape-lat")
+        for size in sizes:
+            have = int(metric_value(http, "kproxy_telemetry_series"))
+            if size > have:
+                fill_series(bootstrap, (size - have) // SERIES_PER_INSTANCE,
+                            SERIES_PER_INSTANCE)
+            idle = [scrape(http) for _ in range(3)]
+            row = {"series": metric_value(http, "kproxy_telemetry_series"),
+                   "scrape_s": statistics.median(t for t, _ in idle),
+                   "gzip_mb": idle[-1][1] / 1e6,
+                   "longest_slice_ms": 1000 * metric_value(
+                       http, "kproxy_scrape_longest_slice_seconds")}
+            before = workload("produce_latency", bootstrap, rate=1000, seconds=seconds,
+                              topic="scrape-lat")
+            stop = threading.Event()
+            during_scrapes: list[float] = []
+
+            def scraper(stop: threading.Event = stop,
+                        out: list[float] = during_scrapes) -> None:
+                while not stop.is_set():
+                    out.append(scrape(http)[0])
+
+            thread = threading.Thread(target=scraper)
+            thread.start()
+            try:
+                during = workload("produce_latency", bootstrap, rate=1000, seconds=seconds,
+                                  topic="scrape-lat")
+            finally:
+                stop.set()
+                thread.join(600)
+            row.update(p99_ms=before["p99_ms"], p99_scrape_ms=during["p99_ms"],
+                       p50_ms=before["p50_ms"], p50_scrape_ms=during["p50_ms"],
+                       scrape_busy_s=statistics.median(during_scrapes or [0.0]),
+                       scrapes=len(during_scrapes))
+            rows.append(row)
+            print(f"scrape {json.dumps({k: round(v, 3) for k, v in row.items()})}",
+                  flush=True)
+    finally:
+        stop_proc(proc)
+    return rows
