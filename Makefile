@@ -21,14 +21,20 @@ run: $(DEV)
 	$(BIN)/kproxy demo --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP) --archive run/archive
 
 # -rs: a skipped test says why (the container test needs buildah and podman).
+# Two lanes (pytest-xdist), a test module's tests always in the same one: most of an
+# end-to-end test's time is spent waiting on brokers and clients, so two lanes halve
+# the wall time even on two cores; the tests wait on conditions, never on the clock,
+# so the extra load does not change their verdict (make test-loaded adds more).
+TEST_LANES ?= 2
+PYTEST_LANES := -n $(TEST_LANES) --dist loadfile
 test: $(DEV) lint test-tools test-js bench-tools image-tools compat-test-tools
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs $(PYTEST_LANES) --durations=25
 
 # The whole suite LOADED_RUNS times in a row while a CPU hog keeps every core busy:
 # a test whose verdict depends on the machine's load fails here.
 LOADED_RUNS ?= 3
 test-loaded: $(DEV) test-tools test-js bench-tools image-tools compat-test-tools
-	$(BIN)/python tests/loaded/run_loaded.py --runs $(LOADED_RUNS)
+	$(BIN)/python tests/loaded/run_loaded.py --runs $(LOADED_RUNS) -- -q -rs $(PYTEST_LANES)
 
 # System tools the suite drives for real: Prometheus (Debian package) scrapes the proxy;
 # headless Chromium (Debian package) loads the status page; kubectl (Debian's
