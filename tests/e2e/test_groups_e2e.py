@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -214,7 +215,24 @@ def test_kafka_python_and_aiokafka_feed_the_same_metrics(proxy: KproxyProcess) -
                 and value(proxy, "kproxy_group_generation", group) == gens.pop()
                 and value(proxy, "kproxy_group_members", group) == 2)
 
-    wait_for("kafka-python group", kp_settled, lambda: [c.poll(200) for c in consumers])
+    # Each consumer polls in its own thread, as in an application: polled in turn from
+    # one thread, a member's join could wait on the other's poll, and the group was
+    # once seen rejoining without end.
+    stop = threading.Event()
+
+    def poll(c: Any) -> None:
+        while not stop.is_set():
+            c.poll(200)
+
+    pollers = [threading.Thread(target=poll, args=(c,), daemon=True) for c in consumers]
+    for t in pollers:
+        t.start()
+    try:
+        wait_for("kafka-python group", kp_settled, lambda: time.sleep(0.2))
+    finally:
+        stop.set()
+        for t in pollers:
+            t.join(30)
     info = samples(proxy, "kproxy_group_info", group)
     assert [i["assignor"] for i, _ in info] == ["roundrobin"]
     for c in consumers:
