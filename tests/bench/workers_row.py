@@ -171,6 +171,7 @@ def section(data: dict[str, Any] | None) -> list[str]:
               "0-(N-1)` measures this section alone and puts it into the report: the "
               "proxies run on cores 0 to N-1 only (`taskset`), the brokers and the "
               "clients on the others, so the figure is the proxy's and not its neighbours'."
-              + (f" This run: proxies on cores {data['proxy_cpus']} of "
-                 f"{data['machine_cpus']}." if data.get("proxy_cpus") else ""), ""]
+              + (f" This run: proxies on cores {data['proxy_cpus']} (`taskset -c`) of "
+                 f"the machine's {data['machine_cpus']}." if data.get("proxy_cpus") else ""),
+              ""]
     return lines
