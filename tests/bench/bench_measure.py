@@ -7,6 +7,7 @@ clients' timings share no interpreter with the driver or with each other.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -48,24 +49,46 @@ class Path_:
     results: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def cpu_seconds(self) -> float:
-        if self.process is None:
-            return 0.0
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU of the process and its descendants (kproxy --workers N: the supervisor
+        and its workers), including children that exited and were waited for."""
+        ticks = 0
+        for pid in process_tree(self.process):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited since the tree was read
+                continue
+            ticks += sum(int(v) for v in stat[11:15])  # utime stime cutime cstime
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def rss_mb(self) -> float:
-        if self.process is None:
-            return 0.0
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        """Resident memory of the process and its descendants."""
+        kb = 0
+        for pid in process_tree(self.process):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            except OSError:
+                continue
+            kb += sum(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        return kb / 1024
+
+
+def process_tree(process: subprocess.Popen[bytes] | None) -> list[int]:
+    """The pid of ``process`` and of every live descendant."""
+    if process is None:
+        return []
+    pids, i = [process.pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
+            with contextlib.suppress(OSError):  # exited since
+                pids += [int(c) for c in task.read_text().split()]
+        i += 1
+    return pids
 
 
 def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None,
-          ) -> subprocess.Popen[bytes]:
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                                 env={**os.environ, **(env or {})})
     if not wait_for_port("127.0.0.1", port, 20):
         proc.kill()
@@ -82,6 +105,35 @@ def workload(kind: str, bootstrap: str, **opts: object) -> dict[str, float]:
     if proc.returncode or not lines:
         raise RuntimeError(f"{kind} via {bootstrap} failed: {proc.stderr[-800:]}")
     return dict(json.loads(lines[-1]))
+
+
+def parallel_workload(kind: str, bootstrap: str, topics: list[str], lead_s: float = 2.0,
+                      **opts: object) -> dict[str, float]:
+    """One client process per topic, all at once: they set themselves up, start timing
+    together ``lead_s`` from now, and the result is every client's bytes over the wall
+    time from that start to the last one's end."""
+    start_at = time.time() + lead_s
+    procs = []
+    for topic in topics:
+        args = [sys.executable, str(WORKLOADS), kind, bootstrap, "--topic", topic,
+                "--start-at", str(start_at)]
+        for k, v in opts.items():
+            args += [f"--{k}", str(v)]
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        if proc.returncode or not lines:
+            raise RuntimeError(f"{kind} via {bootstrap} failed: {err[-800:]}")
+        results.append(json.loads(lines[-1]))
+    wall = max(r["end"] for r in results) - start_at
+    total = sum(r["bytes"] for r in results)
+    return {"mb_s": total / wall / 1e6, "seconds": wall, "bytes": total,
+            "clients": len(results), "failures": sum(r.get("failures", 0) for r in results),
+            "complete": all(r.get("complete", True) for r in results),
+            "slowest_client_mb_s": min(r["mb_s"] for r in results)}
 
 
 def create_topic(bootstrap: str, topic: str) -> None:

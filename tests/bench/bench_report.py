@@ -12,64 +12,51 @@ import json
 import operator
 import os
 import platform
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rebootstrap_row
+import telemetry_ab
+import workers_row
 from bench_measure import Path_
+from bench_stats import fmt, median, paired, spread
+from bench_targets import idle_kb, ratio_table, targets
 
 
-def median(path: Path_, key: str, field_: str) -> float | None:
-    vals = [r[field_] for r in path.results.get(key, []) if field_ in r]
-    return statistics.median(vals) if vals else None
+def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, Any],
+                 args: argparse.Namespace) -> None:
+    """docs/benchmarks.md from the measurements, and the JSON it can be rewritten from.
 
-
-def paired(a: Path_, b: Path_, key: str, field_: str,
-           combine: Callable[[float, float], float]) -> float | None:
-    """The median over repetitions of ``combine(a, b)`` within each repetition.
-
-    Each repetition runs on fresh brokers, so comparing within it cancels what the
-    broker's state and the machine did to that repetition as a whole.
-    """
-    vals = [combine(x[field_], y[field_])
-            for x, y in zip(a.results.get(key, []), b.results.get(key, []), strict=False)
-            if field_ in x and y.get(field_)]
-    return statistics.median(vals) if vals else None
-
-
-def spread(path: Path_, key: str, field_: str = "mb_s") -> str:
-    vals = [r[field_] for r in path.results.get(key, []) if field_ in r]
-    return f"{min(vals):.0f}-{max(vals):.0f}" if vals else "-"
-
-def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
-                 args: argparse.Namespace, elapsed: float, fd_hard: int, n1k: int,
-                 n100: int, scrapes: list[dict[str, float]],
-                 reb: dict[str, object] | None = None) -> None:
+    ``meta``: smoke, reps, counts, elapsed, fd_hard, n1k, n100. ``sections``: what was
+    measured apart from the paths (telemetry_ab, telemetry, scrape, rebootstrap,
+    workers); any of them may be missing in a run saved by an older version."""
     direct = paths[0]
+    counts, n1k, n100 = meta["counts"], meta["n1k"], meta["n100"]
+    tel_ab = sections.get("telemetry_ab")
 
     def ratio(p: Path_, key: str, field_: str) -> str:
         r = paired(p, direct, key, field_, operator.truediv)
         return "-" if r is None else f"{r:.2f}"
 
-    def fmt(v: float | None, digits: int = 1) -> str:
-        return "-" if v is None else f"{v:.{digits}f}"
-
     lines = [
         "# Benchmarks", "",
         "Measured by `make bench` (`tests/bench/run_bench.py`): every path in one run on one "
         "machine, workloads interleaved in a shuffled order per repetition, "
-        f"{1 if args.smoke else args.reps} repetitions, each on freshly started (empty) "
+        f"{1 if meta['smoke'] else meta['reps']} repetitions, each on freshly started (empty) "
         "brokers, one per path. Values are medians over the repetitions; ratios and "
         "differences are taken within each repetition, then the median of those. "
         "Loopback, tansu in-memory broker, confluent-kafka (librdkafka) clients each in "
-        "their own process.", "",
+        "their own process. kproxy runs as one process (`--workers 1`) on these paths, "
+        "haproxy with its default threads; the workers section compares one kproxy "
+        "worker with two.", "",
         f"- machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"Linux {platform.release()}, Python {platform.python_version()}",
-        f"- run took {elapsed:.0f} s; command: `make bench`"
-        + (" (smoke: tiny workloads)" if args.smoke else ""), "",
+        f"- run took {meta['elapsed']:.0f} s; command: `make bench`"
+        + (" (smoke: tiny workloads)" if meta["smoke"] else ""), "",
+    ]
+    lines += [
         "## Throughput (MB/s, ratio to direct)", "",
         "| path | produce 1 KB | ratio | produce 100 B | ratio | consume 1 KB | ratio |",
         "|---|---|---|---|---|---|---|",
@@ -98,36 +85,55 @@ def write_report(paths: list[Path_], tel: dict[str, float], counts: list[int],
     lines += ["", "Produce: single-message `acks=1` requests (`linger.ms=0`) to the delivery "
               "report; Metadata: v4 round trips on one connection.", "",
               "## Proxy cost", "",
-              "| path | CPU s per GB relayed (produce 1 KB) | RSS after the run (MB) | "
-              + " | ".join(f"MB per 1k idle connections (at {n:,})" for n in counts) + " |",
-              "|---|---|---|" + "---|" * len(counts)]
+              "| path | CPU s per GB relayed, produce 1 KB | consume 1 KB | RSS after the run "
+              "(MB) | " + " | ".join(f"KB per idle connection pair (at {n:,})" for n in counts)
+              + " |", "|---|---|---|---|" + "---|" * len(counts)]
+    gb = n1k * 1024 / 1e9
     for p in paths[1:]:
-        cpu = median(p, "produce_1k", "proxy_cpu_s")
-        gb = n1k * 1024 / 1e9
         idle = p.results.get("idle", [{}])[0]
-        lines.append(f"| {p.name} | {fmt(cpu / gb if cpu is not None else None, 2)} | "
-                     f"{fmt(p.results['rss_mb'][0]['mb'])} | "
-                     + " | ".join(fmt(1000 * idle[str(n)] / n, 2) if str(n) in idle else "-"
+        cpu = [median(p, key, "proxy_cpu_s") for key in ("produce_1k", "consume")]
+        lines.append(f"| {p.name} | "
+                     + " | ".join(fmt(c / gb if c is not None else None, 2) for c in cpu)
+                     + f" | {fmt(p.results.get('rss_mb', [{}])[0].get('mb'))} | "
+                     + " | ".join(fmt(1024 * idle[str(n)] / n, 1) if str(n) in idle else "-"
                                   for n in counts) + " |")
-    lines += ["", f"Idle connections: each opened, answered one ApiVersions request (so the "
-              f"proxy holds its upstream connection too), then left idle. This sandbox's hard "
-              f"limit on open files is {fd_hard:,} and cannot be raised, and each proxied "
-              "connection holds two sockets, so 9,000 is the largest count measurable here.",
-              "", "## Telemetry termination (kproxy)", "",
-              f"- accepted PushTelemetry requests: **{tel['pushes_s']:,.0f}/s** with real "
-              "librdkafka zstd payloads decoded into the live Prometheus exporter "
-              f"({tel['refused']} refused); {tel['pushes_per_cpu_s']:,.0f} pushes per CPU-second "
-              f"of the proxy (one process, one core; it used {100 * tel['proxy_cpu']:.0f}% of "
-              "a core)", ""]
-    lines += scrape_section(scrapes)
-    lines += rebootstrap_row.section(reb)
-    lines += targets(paths, tel, counts)
+    largest = idle_kb(paths[1], counts)
+    lines += ["", "Idle connections: each opened, answered one ApiVersions request (so the "
+              "proxy holds its upstream connection too: a pair), then left idle; the "
+              "proxy's resident memory before and after, over the count"
+              + (f" ({largest[1]:,} is the count the target uses)" if largest else "")
+              + f". This sandbox's hard limit on open files is {meta['fd_hard']:,} and "
+              "cannot be raised, and each proxied connection holds two sockets, so 9,000 is "
+              "the largest count measurable here.", ""]
+    lines += telemetry_ab.section(tel_ab, sections.get("telemetry"))
+    lines += workers_row.section(sections.get("workers"))
+    lines += scrape_section(sections.get("scrape") or [])
+    lines += rebootstrap_row.section(sections.get("rebootstrap"))
+    lines += ratio_table(paths, counts, tel_ab, sections.get("workers"))
+    lines += targets(paths, counts, n1k, tel_ab)
+    lines.append(WHY)
     Path(args.out).write_text("\n".join(lines) + "\n" + SCALING_NOTE)
-    meta = {"smoke": args.smoke, "reps": args.reps, "counts": counts, "elapsed": elapsed,
-            "fd_hard": fd_hard, "n1k": n1k, "n100": n100}
-    Path(args.json).write_text(json.dumps({p.name: p.results for p in paths} | {
-        "telemetry": tel, "scrape": scrapes, "rebootstrap": reb, "_meta": meta}, indent=1))
+    current = telemetry_ab.summary((tel_ab or {}).get("current", []))
+    Path(args.json).write_text(json.dumps({p.name: p.results for p in paths} | sections | {
+        "telemetry": current or sections.get("telemetry"), "_meta": meta}, indent=1))
     print(f"wrote {args.out}")
+
+
+def splice(report: Path, heading: str, lines: list[str]) -> None:
+    """Put a section measured on its own into an existing report, in place of its older
+    version (else before the ratios and targets), leaving the rest as it was measured."""
+    text = report.read_text() if report.exists() else "# Benchmarks\n"
+    block = "\n".join(lines)
+    if heading in text:
+        start = text.index(heading)
+        nxt = text.find("\n## ", start + len(heading))
+        text = text[:start] + block + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
+    elif (at := next((text.index(h) + 1 for h in ("\n## Ratios", "\n## Targets")
+                      if h in text), -1)) > 0:
+        text = text[:at] + block + "\n" + text[at:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    report.write_text(text)
 
 
 def scrape_section(rows: list[dict[str, float]]) -> list[str]:
@@ -153,46 +159,6 @@ def scrape_section(rows: list[dict[str, float]]) -> list[str]:
               "`.venv/bin/python tests/bench/run_bench.py --only-scrape` measures this "
               "section alone and merges it into the saved run.", ""]
     return lines
-
-
-def targets(paths: list[Path_], tel: dict[str, float], counts: list[int]) -> list[str]:
-    """The project's targets against this run's numbers."""
-    by = {p.name: p for p in paths}
-    direct, kp, tansu = by["direct"], by["kproxy"], by.get("tansu proxy")
-    rows: list[str] = []
-    ceilings: list[str] = []
-
-    def row(what: str, value: float | None, target: str, ok: bool | None) -> None:
-        verdict = "-" if ok is None else ("met" if ok else "**not met**")
-        rows.append(f"| {what} | {'-' if value is None else f'{value:.2f}'} | {target} | "
-                    f"{verdict} |")
-
-    for key, label in (("produce_1k", "produce 1 KB"), ("produce_100b", "produce 100 B"),
-                       ("consume", "consume 1 KB")):
-        r = paired(kp, direct, key, "mb_s", operator.truediv)
-        row(f"{label}: kproxy / direct", r, ">= 0.90", None if r is None else r >= 0.9)
-        r2 = paired(kp, tansu, key, "mb_s", operator.truediv) if tansu else None
-        row(f"{label}: kproxy / tansu proxy", r2, ">= 1.5", None if r2 is None else r2 >= 1.5)
-        t = paired(tansu, direct, key, "mb_s", operator.truediv) if tansu else None
-        if t is not None and 1.5 * t > 1:
-            ceilings.append(f"- {label}: `tansu proxy` reached {t:.2f} of direct, so 1.5x "
-                            f"it ({1.5 * t:.2f} of direct) is above what going straight "
-                            "to the broker achieves: no proxy can meet that target here.")
-    for key, label in (("produce_latency", "produce"), ("metadata_latency", "Metadata")):
-        added = paired(kp, direct, key, "p99_ms", operator.sub)
-        row(f"p99 latency added, {label}, 1,000/s (ms)", added, "< 0.5",
-            None if added is None else added < 0.5)
-    idle = kp.results.get("idle", [{}])[0]
-    biggest = max(counts)
-    per_conn = idle.get(str(biggest), 0.0) / biggest if idle else None
-    row("MB for 10,000 idle connections (from the largest count measured)",
-        None if per_conn is None else per_conn * 10_000, "< 200",
-        None if per_conn is None else per_conn * 10_000 < 200)
-    row("telemetry pushes per CPU-second (one core)", tel["pushes_per_cpu_s"], ">= 5,000",
-        tel["pushes_per_cpu_s"] >= 5000)
-    return ["## Targets", "", "| target | measured | wanted | |", "|---|---|---|---|",
-            *rows, "", *(["Targets above the ceiling in this run:", "", *ceilings, ""]
-                         if ceilings else []), WHY]
 
 
 WHY = """### Where the time goes
@@ -242,12 +208,14 @@ SCALING_NOTE = """
 - **Partitions.** Fetch (v16+) and Produce (v10+) responses are walked partition by
   partition to reach their tagged fields (records are skipped by length, never copied):
   cost grows with partitions per response, not with bytes.
-- **More than one core.** One kproxy process uses one core. On one host, start one
-  process per core with `--reuse-port on` and the same listen address and port base:
-  every process binds the same bootstrap and broker ports (SO_REUSEPORT) and the kernel
-  spreads new connections over them. Give each its own `--http` port and scrape them
-  all. Nothing needs sharing between them: a connection's upstream lives in the same
-  process, telemetry subscription ids are derived from the subscription and the
-  instance id, and the port mapping is deterministic. Across hosts, run replicas
-  behind one Service for the same reasons. For a sidecar, one process is plenty.
+- **More than one core.** `kproxy run` starts one worker process per CPU it may use
+  (`--workers N`; the default is its CPU affinity, capped by a cgroup CPU quota such as
+  a Kubernetes CPU limit, rounded up), all bound to the same ports (SO_REUSEPORT): the
+  kernel spreads new connections over them, and a connection and its upstream stay in
+  one worker for their life. A supervisor restarts a worker that dies and serves one
+  combined `/metrics`. One busy connection gains nothing from more workers; many
+  connections can use them all. The workers section above measures one worker against two here, and
+  says how to measure a bigger machine. Across hosts, run replicas behind one Service
+  (nothing is shared between processes but the ports). For a sidecar, `--workers 1` is
+  plenty.
 """

@@ -73,20 +73,3 @@ def section(data: dict[str, Any] | None) -> list[str]:
                      f"{row['failed']} | {row['lost']} | {row['duplicated']} | "
                      f"{row['sent']:,} |")
     return [*lines, ""]
-
-
-def splice(report: Path, lines: list[str]) -> None:
-    """Put this section into an existing report, in place of an older one (else before
-    the targets), leaving the rest of it as it was measured."""
-    text = report.read_text() if report.exists() else "# Benchmarks\n"
-    block = "\n".join(lines)
-    if HEADING in text:
-        start = text.index(HEADING)
-        nxt = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + block + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
-    elif "\n## Targets" in text:
-        at = text.index("\n## Targets") + 1
-        text = text[:at] + block + "\n" + text[at:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    report.write_text(text)

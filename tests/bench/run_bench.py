@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -26,6 +27,8 @@ from tests.support import stop_process as stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rebootstrap_row  # noqa: E402
+import telemetry_ab  # noqa: E402
+import workers_row  # noqa: E402
 from bench_measure import (  # noqa: E402
     SCRAPE_SIZES,
     Path_,
@@ -34,10 +37,9 @@ from bench_measure import (  # noqa: E402
     raise_fd_limit,
     scrape_under_load,
     start,
-    telemetry_pushes,
     workload,
 )
-from bench_report import write_report  # noqa: E402
+from bench_report import splice, write_report  # noqa: E402
 
 
 def main() -> int:
@@ -50,23 +52,29 @@ def main() -> int:
     parser.add_argument("--only-scrape", action="store_true",
                         help="run only the /metrics scrape workload; its rows replace "
                         "those in --json and the report is rewritten from it")
-    parser.add_argument("--only", choices=["rebootstrap"],
+    parser.add_argument("--only", choices=["rebootstrap", "workers"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--rebootstrap-runs", type=int, default=3,
                         help="runs of five blue/green swaps for the rebootstrap section")
+    parser.add_argument("--workers-compare", default="1,2",
+                        help="the two kproxy --workers counts of the workers section")
+    parser.add_argument("--workers-clients", type=int, default=4,
+                        help="clients at once in the workers section")
+    parser.add_argument("--workers-proxy-cpus", metavar="LIST",
+                        help="run the workers section's proxies on these cores only "
+                        "(taskset -c syntax), its brokers and clients on the others")
+    parser.add_argument("--telemetry-baseline", default=telemetry_ab.BASELINE,
+                        help="the commit whose telemetry pushes per CPU-second this tree's "
+                        "are compared with")
     args = parser.parse_args()
+    if len(args.workers_compare.split(",")) != 2:
+        parser.error("--workers-compare takes two counts, such as 1,2")
     if args.from_json:
         return report_from_json(args)
     if args.only_scrape:
         return only_scrape(args)
-    if args.only == "rebootstrap":
-        work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
-        data = rebootstrap_row.measure(work, args.rebootstrap_runs, 5)
-        rebootstrap_row.splice(Path(args.out), rebootstrap_row.section(data))
-        Path(args.json).with_name("benchmarks-rebootstrap.json").write_text(
-            json.dumps(data, indent=1))
-        print("\n".join(rebootstrap_row.section(data)))
-        return 0
+    if args.only:
+        return only(args)
     smoke = args.smoke
     reps = 1 if smoke else args.reps
     # Long enough (seconds, not fractions of one) that start-up and scheduling noise
@@ -174,38 +182,80 @@ def main() -> int:
         for p in paths[1:]:
             p.results["idle"] = [{str(n): mb for n, mb in idle_connections(p, counts).items()}]
             print(f"idle {p.name}: {p.results['idle'][0]}", flush=True)
-        tel = telemetry_pushes(paths[1].bootstrap, paths[1], 2.0 if smoke else 8.0,
-                               instances=200 if smoke else 2000)
-        print(f"telemetry: {tel}", flush=True)
         scrapes = scrape_under_load(brokers["kproxy"].bootstrap, work,
                                     (2000,) if smoke else SCRAPE_SIZES, lat_seconds)
-        # The smoke run swaps once with one client: the code path, not a figure.
-        reb = (rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
-               else rebootstrap_row.measure(work, args.rebootstrap_runs, 5))
-        elapsed = time.monotonic() - started
-        write_report(paths, tel, counts, args, elapsed, fd_hard, n1k, n100, scrapes, reb)
     finally:
         for p in paths:
             if p.process is not None:
                 stop(p.process)
         for b in brokers.values():
             b.stop()
+    # Each of these starts its own brokers and proxies.
+    sections = {"scrape": scrapes, "telemetry_ab": measure_telemetry(args, work),
+                "workers": measure_workers(args, work, reps, n1k)}
+    # The smoke run swaps once with one client: the code path, not a figure.
+    sections["rebootstrap"] = (
+        rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
+        else rebootstrap_row.measure(work, args.rebootstrap_runs, 5))
+    meta = {"smoke": smoke, "reps": reps, "counts": counts,
+            "elapsed": time.monotonic() - started, "fd_hard": fd_hard, "n1k": n1k,
+            "n100": n100}
+    write_report(paths, meta, sections, args)
     return 0
+
+
+def measure_telemetry(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """This tree against the baseline commit: 3 rounds of 8 s each (smoke: 1 of 2 s)."""
+    return (telemetry_ab.measure(work, 1, 2.0, 200, args.telemetry_baseline) if args.smoke
+            else telemetry_ab.measure(work, 3, 8.0, 2000, args.telemetry_baseline))
+
+
+def measure_workers(args: argparse.Namespace, work: Path, reps: int,
+                    n1k: int) -> dict[str, Any]:
+    """Each client sends (and reads back) half a produce 1 KB workload: with four
+    clients, twice the bytes of the single-client rows, a few seconds per step."""
+    counts = tuple(int(n) for n in args.workers_compare.split(","))
+    clients = args.workers_clients
+    return workers_row.measure(work, reps, clients, max(1, n1k // 2), counts,
+                               args.workers_proxy_cpus)
 
 
 def report_from_json(args: argparse.Namespace) -> int:
     data = json.loads(Path(args.from_json).read_text())
     meta = data.pop("_meta")
-    tel = data.pop("telemetry")
-    scrapes = data.pop("scrape", [])
-    reb = data.pop("rebootstrap", None)
+    sections = {key: data.pop(key) for key in
+                ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers")
+                if key in data}
     alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
-    if reb is None and alone.exists():  # measured on its own (--only rebootstrap)
-        reb = json.loads(alone.read_text())
+    if sections.get("rebootstrap") is None and alone.exists():  # --only rebootstrap
+        sections["rebootstrap"] = json.loads(alone.read_text())
     paths = [Path_(name, "", None, results) for name, results in data.items()]
-    args.smoke, args.reps = meta["smoke"], meta["reps"]
-    write_report(paths, tel, meta["counts"], args, meta["elapsed"], meta["fd_hard"],
-                 meta["n1k"], meta["n100"], scrapes, reb)
+    write_report(paths, meta, sections, args)
+    return 0
+
+
+def only(args: argparse.Namespace) -> int:
+    """One section measured on its own and put into the existing report (and into the
+    saved run, if there is one, so that --from-json keeps it)."""
+    raise_fd_limit()
+    work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    if args.only == "rebootstrap":
+        data = rebootstrap_row.measure(work, args.rebootstrap_runs, 5)
+        lines, heading = rebootstrap_row.section(data), rebootstrap_row.HEADING
+        Path(args.json).with_name("benchmarks-rebootstrap.json").write_text(
+            json.dumps(data, indent=1))
+    else:
+        data = measure_workers(args, work, 1 if args.smoke else args.reps,
+                               2000 if args.smoke else 250_000)
+        lines, heading = workers_row.section(data), workers_row.HEADING
+        saved = Path(args.json)
+        if saved.exists():
+            run = json.loads(saved.read_text())
+            run["workers"] = data
+            saved.write_text(json.dumps(run, indent=1))
+    splice(Path(args.out), heading, lines)
+    print("\n".join(lines))
     return 0
 
 
@@ -222,8 +272,6 @@ def only_scrape(args: argparse.Namespace) -> int:
     saved.write_text(json.dumps(data, indent=1))
     args.from_json = str(saved)
     return report_from_json(args)
-
-
 
 
 if __name__ == "__main__":

@@ -13,7 +13,15 @@ import struct
 import time
 
 
-def produce(bootstrap: str, topic: str, count: int, size: int) -> dict[str, float]:
+def wait_until(start_at: float) -> None:
+    """Clients run side by side start timing together: each sets itself up (imports,
+    connections, the first round trip), then waits for the agreed wall-clock time."""
+    if (wait := start_at - time.time()) > 0:
+        time.sleep(wait)
+
+
+def produce(bootstrap: str, topic: str, count: int, size: int,
+            start_at: float = 0.0) -> dict[str, float]:
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1,
@@ -28,6 +36,7 @@ def produce(bootstrap: str, topic: str, count: int, size: int) -> dict[str, floa
         nonlocal failures
         failures += err is not None
 
+    wait_until(start_at)
     t0 = time.perf_counter()
     for i in range(count):
         while True:
@@ -39,17 +48,19 @@ def produce(bootstrap: str, topic: str, count: int, size: int) -> dict[str, floa
         if i % 5000 == 0:
             p.poll(0)
     assert p.flush(120) == 0
-    dt = time.perf_counter() - t0
+    dt, end = time.perf_counter() - t0, time.time()
     return {"mb_s": count * size / dt / 1e6, "msgs_s": count / dt, "failures": failures,
-            "seconds": dt}
+            "seconds": dt, "bytes": count * size, "end": end}
 
 
-def consume(bootstrap: str, topic: str, expect: int) -> dict[str, float]:
+def consume(bootstrap: str, topic: str, expect: int, start_at: float = 0.0
+            ) -> dict[str, float]:
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
                   "enable.partition.eof": True, "enable.auto.commit": False,
                   "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
+    wait_until(start_at)  # before assign: librdkafka starts fetching on assign
     c.assign([TopicPartition(topic, 0, 0)])
     got = nbytes = 0
     t0 = None
@@ -65,9 +76,10 @@ def consume(bootstrap: str, topic: str, expect: int) -> dict[str, float]:
             got += 1
             nbytes += len(m.value())
     dt = time.perf_counter() - (t0 or time.perf_counter())
+    end = time.time()
     c.close()
     return {"mb_s": nbytes / dt / 1e6 if dt else 0.0, "messages": got,
-            "complete": got >= expect, "seconds": dt}
+            "complete": got >= expect, "seconds": dt, "bytes": nbytes, "end": end}
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -151,11 +163,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--start-at", type=float, default=0.0,
+                        help="produce/consume: start timing at this time.time()")
     a = parser.parse_args()
     if a.workload == "produce":
-        out = produce(a.bootstrap, a.topic, a.count, a.size)
+        out = produce(a.bootstrap, a.topic, a.count, a.size, a.start_at)
     elif a.workload == "consume":
-        out = consume(a.bootstrap, a.topic, a.count)
+        out = consume(a.bootstrap, a.topic, a.count, a.start_at)
     elif a.workload == "produce_latency":
         out = produce_latency(a.bootstrap, a.topic, a.rate, a.seconds)
     else:

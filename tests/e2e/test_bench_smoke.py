@@ -26,13 +26,47 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = out.read_text()
     for section in ("## Throughput", "## Latency at 1,000 requests/s", "## Proxy cost",
-                    "## Telemetry termination", "## Rebootstrap", "## Scaling"):
+                    "## Telemetry termination", "## kproxy workers: --workers 1 against "
+                    "--workers 2", "## Rebootstrap", "## Ratios to compare across machines",
+                    "## Targets", "## Scaling"):
         assert section in text
+    # Issue 19's targets, each with a verdict (a smoke run's figures decide nothing, but
+    # every one is measured: no "-").
+    rows = text[text.index("## Targets"):].split("\n\n")[1].splitlines()[2:]
+    wanted = ["throughput, produce 1 KB: kproxy / haproxy",
+              "throughput, produce 100 B: kproxy / haproxy",
+              "throughput, consume 1 KB: kproxy / haproxy",
+              "p99 added at 1,000/s, small produce: kproxy - haproxy",
+              "p99 added at 1,000/s, Metadata: kproxy - haproxy",
+              "CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
+              "proxy memory per idle connection pair (KB)",
+              "telemetry pushes per CPU-second: this tree / d1cc828"]
     results = json.loads(js.read_text())
+    # A smoke run's relay may take less than one clock tick (10 ms) of CPU: no ratio then.
+    cpu_ticked = all(r["proxy_cpu_s"] > 0 for path in ("kproxy", "haproxy (tcp)")
+                     for r in results[path]["produce_1k"])
+    assert len(rows) == len(wanted), rows
+    for row, target in zip(rows, wanted, strict=True):
+        assert row.startswith(f"| {target}"), (row, target)
+        if cpu_ticked or not target.startswith("CPU"):
+            assert row.rstrip(" |").rsplit(" | ", 1)[1] != "-", row  # a verdict
+    ratios = text[text.index("## Ratios"):].split("\n\n")[1]
+    assert "--workers 2 / --workers 1" in ratios and "this tree / d1cc828" in ratios
     assert {"direct", "kproxy", "tansu proxy", "haproxy (tcp)"} <= set(results)
     for path in ("direct", "kproxy", "tansu proxy", "haproxy (tcp)"):
         assert all(r["failures"] == 0 for r in results[path]["produce_1k"])
         assert all(r["complete"] for r in results[path]["consume"])
     assert results["telemetry"]["pushes_s"] > 0 and results["telemetry"]["refused"] == 0
+    # The baseline that ran is the commit named, and each side says what it imported.
+    ab = results["telemetry_ab"]
+    assert "error" not in ab and ab["baseline_commit"].startswith("d1cc828")
+    assert ab["base"][0]["pushes_s"] > 0 and ab["base"][0]["refused"] == 0
+    assert "/telemetry-baseline/src/proxy/" in ab["base_import"]
+    assert str(ROOT / "proxy") in ab["current_import"]
+    workers = results["workers"]["results"]
+    for n in ("1", "2"):
+        for key in ("produce_1k", "consume"):
+            run = workers[n][key][0]
+            assert run["mb_s"] > 0 and run["failures"] == 0 and run["complete"], (n, key, run)
     swapped = results["rebootstrap"]["clients"]["confluent-kafka"]
     assert swapped["failed"] == 0 and swapped["lost"] == 0 and None not in swapped["stalls_s"]

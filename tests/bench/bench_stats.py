@@ -1,0 +1,59 @@
+"""Summaries of a benchmark run's repetitions: medians, paired comparisons, spreads.
+
+A comparison between two paths is taken within each repetition first (``paired``):
+every repetition runs on freshly started brokers, so what its brokers and the
+machine did to that repetition as a whole cancels out. The median over the
+repetitions is the figure; the spread of the per-repetition values says how far to
+trust it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_measure import Path_
+
+Combine = Callable[[float, float], float]
+
+
+def median(path: Path_, key: str, field_: str) -> float | None:
+    vals = [r[field_] for r in path.results.get(key, []) if field_ in r]
+    return statistics.median(vals) if vals else None
+
+
+def paired_values(a: Path_ | None, b: Path_ | None, key: str, field_: str,
+                  combine: Combine) -> list[float]:
+    """``combine(a, b)`` within each repetition, in the order they ran."""
+    if a is None or b is None:
+        return []
+    return [combine(x[field_], y[field_])
+            for x, y in zip(a.results.get(key, []), b.results.get(key, []), strict=False)
+            if field_ in x and y.get(field_)]
+
+
+def paired(a: Path_ | None, b: Path_ | None, key: str, field_: str,
+           combine: Combine) -> float | None:
+    """The median over repetitions of ``combine(a, b)`` within each repetition."""
+    vals = paired_values(a, b, key, field_, combine)
+    return statistics.median(vals) if vals else None
+
+
+def quartiles(vals: list[float]) -> tuple[float, float]:
+    """Lower and upper quartile (the single value of a one-repetition run)."""
+    if len(vals) < 2:
+        return (vals[0], vals[0]) if vals else (float("nan"), float("nan"))
+    q = statistics.quantiles(vals, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def spread(path: Path_, key: str, field_: str = "mb_s") -> str:
+    vals = [r[field_] for r in path.results.get(key, []) if field_ in r]
+    return f"{min(vals):.0f}-{max(vals):.0f}" if vals else "-"
+
+
+def fmt(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"

@@ -1,0 +1,152 @@
+"""The targets of `make bench` (issue 19) with their verdicts, and the ratio table.
+
+Every target is a ratio or a difference within one run: kproxy against haproxy in TCP
+mode (the practical limit of a relay on the same machine), or this tree against a
+baseline commit. Absolute figures move between machines; these move much less, which
+is also why the ratio table is the one to compare across machines.
+"""
+
+from __future__ import annotations
+
+import operator
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import telemetry_ab
+import workers_row
+from bench_measure import Path_
+from bench_stats import fmt, median, paired, paired_values, quartiles
+
+THROUGHPUT = (("produce_1k", "produce 1 KB"), ("produce_100b", "produce 100 B"),
+              ("consume", "consume 1 KB"))
+LATENCY = (("produce_latency", "small produce"), ("metadata_latency", "Metadata"))
+P99_SLACK_MS = 0.15
+CPU_FACTOR = 2.0
+IDLE_KB = 8.0
+TELEMETRY_FACTOR = 2.0
+
+
+def idle_kb(path: Path_ | None, counts: list[int]) -> tuple[float, int] | None:
+    """KB of proxy memory per idle connection pair, at the largest count measured."""
+    idle = path.results.get("idle", [{}])[0] if path else {}
+    measured = [n for n in counts if str(n) in idle]
+    if not measured:
+        return None
+    n = max(measured)
+    return 1024 * idle[str(n)] / n, n
+
+
+def cpu_per_gb(path: Path_, n1k: int) -> float | None:
+    cpu = median(path, "produce_1k", "proxy_cpu_s")
+    return None if cpu is None else cpu / (n1k * 1024 / 1e9)
+
+
+def signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}"
+
+
+def verdict(value: float | None, limit: float, at_most: bool, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if (value <= limit) if at_most else (value >= limit):
+        return "met"
+    gap = value - limit if at_most else limit - value
+    return f"**not met**: {gap:.2f}{unit} {'over' if at_most else 'short'}"
+
+
+def targets(paths: list[Path_], counts: list[int], n1k: int,
+            tel: dict[str, Any] | None) -> list[str]:
+    by = {p.name: p for p in paths}
+    kp, hp = by["kproxy"], by.get("haproxy (tcp)")
+    rows: list[str] = []
+
+    def row(what: str, measured: str, wanted: str, result: str) -> None:
+        rows.append(f"| {what} | {measured} | {wanted} | {result} |")
+
+    for key, label in THROUGHPUT:
+        vals = paired_values(kp, hp, key, "mb_s", operator.truediv)
+        if not vals:
+            row(f"throughput, {label}: kproxy / haproxy", "-", ">= 1.00", "-")
+            continue
+        mid, (q1, q3) = statistics.median(vals), quartiles(vals)
+        result = ("met" if mid >= 1 else "met within the spread" if q3 >= 1
+                  else f"**not met**: {1 - mid:.2f} short")
+        row(f"throughput, {label}: kproxy / haproxy", f"{mid:.2f} ({q1:.2f}-{q3:.2f})",
+            ">= 1.00", result)
+    direct = by["direct"]
+    for key, label in LATENCY:
+        diff = paired(kp, hp, key, "p99_ms", operator.sub)
+        k_added = paired(kp, direct, key, "p99_ms", operator.sub)
+        h_added = paired(hp, direct, key, "p99_ms", operator.sub)
+        row(f"p99 added at 1,000/s, {label}: kproxy - haproxy (ms)",
+            f"{signed(diff)} (kproxy {signed(k_added)}, haproxy {signed(h_added)})",
+            f"<= {P99_SLACK_MS:.2f}", verdict(diff, P99_SLACK_MS, True, " ms"))
+    cpu = paired(kp, hp, "produce_1k", "proxy_cpu_s", operator.truediv)
+    k_gb, h_gb = cpu_per_gb(kp, n1k), cpu_per_gb(hp, n1k) if hp else None
+    row("CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
+        f"{fmt(cpu, 2)} ({fmt(k_gb, 2)} / {fmt(h_gb, 2)})", f"<= {CPU_FACTOR:.1f}",
+        verdict(cpu, CPU_FACTOR, True))
+    kb = idle_kb(kp, counts)
+    row("proxy memory per idle connection pair (KB)" + (f", at {kb[1]:,}" if kb else ""),
+        fmt(kb[0] if kb else None), f"<= {IDLE_KB:.0f}",
+        verdict(kb[0] if kb else None, IDLE_KB, True, " KB"))
+    tr = telemetry_ab.ratios(tel)
+    base = (tel or {}).get("baseline_commit", telemetry_ab.BASELINE)[:7]
+    tmid = statistics.median(tr) if tr else None
+    row(f"telemetry pushes per CPU-second: this tree / {base}", fmt(tmid, 2),
+        f">= {TELEMETRY_FACTOR:.1f}", verdict(tmid, TELEMETRY_FACTOR, False))
+    return ["## Targets", "",
+            "| target | measured | wanted | verdict |", "|---|---|---|---|", *rows, "",
+            "Each figure is the median over the repetitions of the comparison made within "
+            "each repetition. Throughput: in brackets the lower and upper quartile of the "
+            "per-repetition ratios; \"within the spread\" means the median is below 1.00 "
+            "but the upper quartile reaches it. p99: the difference of the two p99s in the "
+            "same repetition (direct cancels out), in brackets each one's p99 over direct. "
+            "CPU: in brackets CPU s per GB of each. Memory: the idle connections of the "
+            "proxy cost section. Telemetry: the side-by-side rounds of the telemetry "
+            "section.", ""]
+
+
+def ratio_table(paths: list[Path_], counts: list[int], tel: dict[str, Any] | None,
+                workers: dict[str, Any] | None) -> list[str]:
+    by = {p.name: p for p in paths}
+    kp, hp = by["kproxy"], by.get("haproxy (tcp)")
+    rows: list[str] = []
+
+    def row(what: str, vals: list[float]) -> None:
+        if not vals:
+            rows.append(f"| {what} | - | - |")
+            return
+        rows.append(f"| {what} | {statistics.median(vals):.2f} | "
+                    f"{min(vals):.2f}-{max(vals):.2f} |")
+
+    for key, label in THROUGHPUT:
+        row(f"{label}, MB/s: kproxy / haproxy",
+            paired_values(kp, hp, key, "mb_s", operator.truediv))
+    for key, label in LATENCY:
+        row(f"{label} p99 at 1,000/s: kproxy / haproxy",
+            paired_values(kp, hp, key, "p99_ms", operator.truediv))
+    row("CPU s per GB relayed, produce 1 KB: kproxy / haproxy",
+        paired_values(kp, hp, "produce_1k", "proxy_cpu_s", operator.truediv))
+    k_idle, h_idle = idle_kb(kp, counts), idle_kb(hp, counts)
+    row("memory per idle connection pair: kproxy / haproxy",
+        [k_idle[0] / h_idle[0]] if k_idle and h_idle and h_idle[0] > 0 else [])
+    pair = workers_row.sides_of(workers)
+    if pair and workers:
+        lo, hi = pair
+        for key, label in workers_row.KEYS:
+            row(f"{label}, MB/s, {workers['clients']} clients: {hi.name} / {lo.name}",
+                paired_values(hi, lo, key, "mb_s", operator.truediv))
+    if tel and tel.get("baseline_commit"):
+        row(f"telemetry pushes per CPU-second: this tree / {tel['baseline_commit'][:7]}",
+            telemetry_ab.ratios(tel))
+    return ["## Ratios to compare across machines", "",
+            "| figure | ratio (median) | lowest-highest repetition |", "|---|---|---|",
+            *rows, "",
+            "Each ratio is taken within one repetition (same brokers, same moment), so "
+            "what the machine does to both sides cancels out; absolute figures from "
+            "different machines cannot be compared, these can. Memory is measured once.",
+            ""]

@@ -1,0 +1,87 @@
+"""The verdicts of `make bench`'s targets (issue 19), on made-up runs.
+
+A real run takes minutes and a smoke run's figures decide nothing, so the rules that
+turn a run's figures into "met" or "how far off" are checked here on runs whose
+answers are known.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_measure import Path_
+from bench_targets import ratio_table, targets
+
+N1K = 250_000
+BASELINE = {"baseline_commit": "d1cc828e42f23b793e9e32bbf797f2c5a0222465",
+            "current": [{"pushes_per_cpu_s": 9000.0}, {"pushes_per_cpu_s": 8000.0}],
+            "base": [{"pushes_per_cpu_s": 4000.0}, {"pushes_per_cpu_s": 4200.0}]}
+
+
+def paths(kp_over_hp: list[float], p99_extra_ms: list[float], cpu_factor: float,
+          idle_mb_per_1000: float) -> list[Path_]:
+    """direct, kproxy and haproxy: kproxy's throughput and p99 relative to haproxy's
+    in each repetition as given, its CPU ``cpu_factor`` times haproxy's."""
+    reps = len(kp_over_hp)
+
+    def results(mb: list[float], p99: list[float], cpu: float) -> dict[str, list[dict[str, float]]]:
+        out: dict[str, list[dict[str, float]]] = {
+            key: [{"mb_s": m, "proxy_cpu_s": cpu} for m in mb]
+            for key in ("produce_1k", "produce_100b", "consume")}
+        for key in ("produce_latency", "metadata_latency"):
+            out[key] = [{"p99_ms": v} for v in p99]
+        return out
+
+    hp = results([100.0] * reps, [0.4] * reps, 0.1)
+    kp = results([100.0 * r for r in kp_over_hp], [0.4 + d for d in p99_extra_ms],
+                 0.1 * cpu_factor)
+    hp["idle"] = [{"1000": 5.0}]
+    kp["idle"] = [{"1000": idle_mb_per_1000}]
+    return [Path_("direct", "", None, results([120.0] * reps, [0.3] * reps, 0.0)),
+            Path_("kproxy", "", None, kp), Path_("haproxy (tcp)", "", None, hp)]
+
+
+def verdicts(lines: list[str]) -> list[str]:
+    rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| target")]
+    return [row.rstrip(" |").rsplit(" | ", 1)[1] for row in rows]
+
+
+def test_every_target_met() -> None:
+    run = paths([1.02, 0.99, 1.01], [0.10, 0.12, 0.20], 1.8, 7.0)
+    assert verdicts(targets(run, [1000], N1K, BASELINE)) == ["met"] * 8
+
+
+def test_how_far_off_each_target_is() -> None:
+    run = paths([0.80, 0.85, 0.90], [0.40, 0.45, 0.50], 2.5, 10.0)
+    assert verdicts(targets(run, [1000], N1K, {**BASELINE, "current": [
+        {"pushes_per_cpu_s": 6000.0}, {"pushes_per_cpu_s": 6300.0}]})) == [
+        "**not met**: 0.15 short"] * 3 + ["**not met**: 0.30 ms over"] * 2 + [
+        "**not met**: 0.50 over", "**not met**: 2.24 KB over", "**not met**: 0.50 short"]
+
+
+def test_throughput_below_haproxy_but_within_the_spread() -> None:
+    run = paths([0.90, 0.97, 0.98, 1.01, 1.06], [0.0] * 5, 1.0, 1.0)
+    assert verdicts(targets(run, [1000], N1K, BASELINE))[:3] == ["met within the spread"] * 3
+
+
+def test_what_was_not_measured_has_no_verdict() -> None:
+    run = paths([1.0], [0.0], 1.0, 1.0)
+    without_haproxy = run[:2]
+    found = verdicts(targets(without_haproxy, [1000], N1K, {"error": "shallow clone"}))
+    assert found == ["-"] * 6 + ["met", "-"]  # memory is kproxy's own figure
+
+
+def test_ratio_table_has_a_row_per_figure() -> None:
+    workers = {"clients": 4, "workers": [1, 2], "results": {
+        "1": {"produce_1k": [{"mb_s": 100.0}], "consume": [{"mb_s": 80.0}]},
+        "2": {"produce_1k": [{"mb_s": 150.0}], "consume": [{"mb_s": 80.0}]}}}
+    lines = ratio_table(paths([0.9, 1.1], [0.1, 0.1], 2.0, 10.0), [1000], BASELINE, workers)
+    rows = {ln.split(" | ")[0][2:]: ln.split(" | ")[1] for ln in lines
+            if ln.startswith("| ") and not ln.startswith("| figure")}
+    assert rows["produce 1 KB, MB/s: kproxy / haproxy"] == "1.00"
+    assert rows["CPU s per GB relayed, produce 1 KB: kproxy / haproxy"] == "2.00"
+    assert rows["memory per idle connection pair: kproxy / haproxy"] == "2.00"
+    assert rows["produce 1 KB, MB/s, 4 clients: --workers 2 / --workers 1"] == "1.50"
+    assert rows["telemetry pushes per CPU-second: this tree / d1cc828"] == "2.08"
