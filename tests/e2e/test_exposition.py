@@ -29,7 +29,8 @@ from kproxy.embedded_broker import TansuBroker
 from kproxy.exposition import Exposition
 from kproxy.metrics import ProxyMetrics
 from kproxy.server import Proxy
-from kproxy.telemetry import ClientMetricsCollector, TelemetryService
+from kproxy.telemetry import TelemetryService
+from kproxy.telemetry_exposition import ClientMetricsCollector
 
 from ..otlp_samples import librdkafka_like_payload
 from ..scrape_load import fill_series, metric_value, scrape
