@@ -42,14 +42,22 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     """Decode a request frame body (size prefix removed) of an API the proxy knows."""
     r = Reader(frame)
     header = read_request_header(r)
-    spec = spec_for(header.api_key, header.api_version, response=False)
+    return Request(header, decode_request_body(frame, header.api_key, header.api_version,
+                                               r.pos))
+
+
+def decode_request_body(frame: bytes | bytearray | memoryview, api_key: int,
+                        api_version: int, body_offset: int) -> Message:
+    """The body of a request frame whose header was read already (``peek_request``)."""
+    spec = spec_for(api_key, api_version, response=False)
     if spec is None:
         raise CodecError(
-            f"{api_name(header.api_key)} v{header.api_version} requests are not decoded "
-            "by this proxy", what="RequestHeader", offset=0)
-    body = decode_from(spec, header.api_version, r)
+            f"{api_name(api_key)} v{api_version} requests are not decoded by this proxy",
+            what="RequestHeader", offset=0)
+    r = Reader(frame, body_offset)
+    body = decode_from(spec, api_version, r)
     r.expect_end(spec.name)
-    return Request(header, body)
+    return body
 
 
 def decode_response(frame: bytes | bytearray | memoryview, api_key: int,

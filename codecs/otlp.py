@@ -89,6 +89,8 @@ def decode_metrics_data(payload: bytes | memoryview) -> list[ResourceMetrics]:
 
 
 def attributes(kvs: Iterable[KeyValue]) -> dict[str, AttrValue]:
+    if not kvs:  # most points have none: no comprehension to set up
+        return {}
     return {kv.key: _any_value(kv.value) for kv in kvs}
 
 
