@@ -89,7 +89,7 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
             raise CodecError("varint longer than 10 bytes", what="OTLP payload", offset=pos)
 
 
-def _fields(buf: bytes, pos: int, end: int) -> Iterator[Field]:
+def wire_fields(buf: bytes, pos: int, end: int) -> Iterator[Field]:
     """The fields of one message in ``buf[pos:end]``; LEN fields as (start, end)."""
     while pos < end:
         at = pos
@@ -192,12 +192,12 @@ class MetricsDecoder:
             yield field
 
     def _len_fields(self, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
-        for n, wire, a, b in self._walked(_fields(self.buf, start, end)):
+        for n, wire, a, b in self._walked(wire_fields(self.buf, start, end)):
             if n == number and wire == _LEN:
                 yield a, b
 
     def _walk_resource(self, start: int, end: int, out: _PlannedResource) -> Iterator[None]:
-        for n, wire, a, b in self._walked(_fields(self.buf, start, end)):
+        for n, wire, a, b in self._walked(wire_fields(self.buf, start, end)):
             if wire != _LEN:
                 continue
             if n == _RESOURCE:
@@ -212,7 +212,7 @@ class MetricsDecoder:
                 yield
 
     def _walk_scope(self, start: int, end: int, out: _PlannedScope) -> Iterator[None]:
-        for n, wire, a, b in self._walked(_fields(self.buf, start, end)):
+        for n, wire, a, b in self._walked(wire_fields(self.buf, start, end)):
             if wire != _LEN:
                 continue
             if n == _SCOPE:
@@ -232,7 +232,7 @@ class MetricsDecoder:
 
     def _walk_metric(self, start: int, end: int, out: _PlannedMetric) -> Iterator[None]:
         buf = self.buf
-        for n, wire, a, b in self._walked(_fields(buf, start, end)):
+        for n, wire, a, b in self._walked(wire_fields(buf, start, end)):
             if wire != _LEN:
                 continue
             if n == _NAME:
@@ -252,7 +252,7 @@ class MetricsDecoder:
 
     def _walk_data(self, start: int, end: int, out: _PlannedMetric) -> Iterator[None]:
         limits = self.limits
-        for n, wire, a, b in self._walked(_fields(self.buf, start, end)):
+        for n, wire, a, b in self._walked(wire_fields(self.buf, start, end)):
             if n == _DATA_POINTS and wire == _LEN:
                 self.points += 1
                 if self.points > limits.max_points:
