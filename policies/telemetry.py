@@ -27,7 +27,9 @@ from kproxy.codecs.otlp_decode import (
     OtlpLimitExceeded,
     decode_metrics_data,
 )
+from kproxy.codecs.otlp_shape import Shape
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
+from kproxy.policies.telemetry_store import Landing
 
 # Kafka error codes used by the telemetry APIs (names kept short for the checks below).
 NONE = ErrorCode.NONE
@@ -144,6 +146,16 @@ def resolve(settings: TelemetrySettings, instance_id: uuid.UUID,
     return Resolved(requested, interval, sub_id)
 
 
+@dataclass(frozen=True, slots=True)
+class LastPush:
+    """A client's last small push: where its numbers lie (``codecs.otlp_shape``) and
+    which series its points updated, so that its next push, shaped the same, updates
+    them from its values alone, without a decode."""
+
+    shape: Shape
+    landing: Landing
+
+
 @dataclass
 class ClientInstance:
     instance_id: uuid.UUID
@@ -155,6 +167,10 @@ class ClientInstance:
     terminating: bool = False
     last_error: int = NONE
     last_seen_ms: int = 0
+    # Its pushes still being decoded, paced, off the request path: until they are
+    # done, its next push waits behind them, so that pushes are ingested in order.
+    paced: int = 0
+    last_push: LastPush | None = None
 
     @property
     def size(self) -> int:

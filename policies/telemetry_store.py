@@ -20,7 +20,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from kproxy.codecs import otlp
 from kproxy.policies.bounds import (
@@ -100,6 +100,20 @@ class Family:
     series: int = 0  # how many series (across instances) belong to it
 
 
+@dataclass(frozen=True, slots=True)
+class Landing:
+    """The series each number point of one push updated, in push order, and whether
+    it adds up under delta temporality: a later push shaped the same (the same
+    metrics and attributes, see ``codecs.otlp_shape``) updates the same series."""
+
+    own: dict[tuple[str, Labels], Series]  # the instance's series when it was noted
+    series: tuple[Series, ...]
+    summed: tuple[bool, ...]
+
+
+Noted = tuple[list[Series | None], list[bool]]  # a Landing's series and flags, growing
+
+
 @dataclass
 class IngestStats:
     points: int = 0
@@ -149,9 +163,34 @@ class MetricsStore:
             pass
         return stats
 
+    def ingest_noting(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
+                      resources: list[otlp.ResourceMetrics],
+                      delta: bool) -> tuple[IngestStats, Landing | None]:
+        """``ingest``, and where its points went if every one went somewhere (``land``)."""
+        stats, noted = IngestStats(), cast(Noted, ([], []))
+        own = self.series.setdefault(instance_id, {})
+        for _ in self.ingest_steps(instance_id, instance_labels, resources, delta, stats,
+                                   noted):
+            pass
+        series, summed = noted
+        if stats != IngestStats(points=len(series)) or None in series:
+            return stats, None  # something was dropped or not kept: a repeat would differ
+        return stats, Landing(own, tuple(cast(list[Series], series)), tuple(summed))
+
+    def land(self, instance_id: uuid.UUID, landing: Landing, values: list[int | float],
+             delta: bool) -> IngestStats | None:
+        """A push shaped like the one ``landing`` noted, given its point values: what
+        ``ingest`` would do, as every point's series exists (None if they may not)."""
+        if self.series.get(instance_id) is not landing.own or len(values) != len(
+                landing.series):
+            return None
+        for series, summed, value in zip(landing.series, landing.summed, values, strict=True):
+            series.value = series.value + value if delta and summed else float(value)
+        return IngestStats(points=len(values))
+
     def ingest_steps(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
                      resources: list[otlp.ResourceMetrics], delta: bool,
-                     stats: IngestStats) -> Iterator[None]:
+                     stats: IngestStats, noted: Noted | None = None) -> Iterator[None]:
         """``ingest`` in steps of about ``STEP_POINTS`` points; yields between them.
 
         A step ends after the metric that crossed ``STEP_POINTS``: a metric's points
@@ -176,7 +215,7 @@ class MetricsStore:
                             break
                         self._ingest_points(own, base, family, metric,
                                             metric.points[start : start + STEP_POINTS],
-                                            delta, stats)
+                                            delta, stats, noted)
                         yield
 
     def _family(self, metric: otlp.Metric, stats: IngestStats,
@@ -208,9 +247,14 @@ class MetricsStore:
 
     def _ingest_points(self, own: dict[tuple[str, Labels], Series], base: Labels,
                        family: Family, metric: otlp.Metric, points: list[otlp.Point],
-                       delta: bool, stats: IngestStats) -> None:
+                       delta: bool, stats: IngestStats, noted: Noted | None) -> None:
         accumulate = delta and metric.temporality == "delta"
+        summed = metric.temporality == "delta" and (family.kind == "counter"
+                                                    or metric.kind == "sum")
         for point in points:
+            if noted is not None:  # None until the point has its series
+                noted[0].append(None)
+                noted[1].append(summed)
             items = point.attributes.items()
             if len(items) > MAX_POINT_LABELS:
                 stats.labels_dropped += len(items) - MAX_POINT_LABELS
@@ -234,8 +278,10 @@ class MetricsStore:
             if isinstance(point, otlp.HistogramPoint):
                 _histogram(series, point, accumulate)
             elif isinstance(point, otlp.NumberPoint):
-                series.value = series.value + point.value if accumulate and (
-                    family.kind == "counter" or metric.kind == "sum") else float(point.value)
+                series.value = series.value + point.value if accumulate and summed else float(
+                    point.value)
+                if noted is not None:
+                    noted[0][-1] = series
         if not family.series:  # new, and nothing fitted: not kept for a name with no series
             del self.families[family.name]
 
