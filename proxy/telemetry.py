@@ -6,18 +6,24 @@ reach the broker; the decisions are ``policies.telemetry``'s, the series
 queue like any other response.
 
 A push that passed its checks is decoded where it cannot hold up other
-connections: decompression on a worker thread (the codecs release the
-interpreter lock), the bounded OTLP decode and the ingest on the event loop in
-small steps with a checkpoint between them, paced (``kproxy.pacing``) so that
-all of it together takes at most ``DECODE_SHARE`` of a core over time. One push is
+connections. An ordinary push (a few kilobytes, some dozens of points) costs less
+than the machinery to move it elsewhere: when its compressed and decompressed
+sizes and its number of points are small (``codecs.otlp_small``), it is decoded
+and ingested at once and answered like any other local answer, its work bounded
+by those sizes. Any other push is paced: decompression on a worker thread (the
+codecs release the interpreter lock), the bounded OTLP decode and the ingest on
+the event loop in small steps with a checkpoint between them, so that all of it
+together takes at most ``DECODE_SHARE`` of a core over time. One paced push is
 decoded at a time (``DECODE_CONCURRENCY``); the connection that sent it waits for
-its answer, the others do not wait at all.
+its answer, the others do not wait at all. A client's pushes are ingested in the
+order they came: while one of its pushes is paced, the next is paced behind it.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import struct
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -26,10 +32,12 @@ import trio
 from prometheus_client import Counter
 
 from kproxy.archive import ArchiveWriter
-from kproxy.codecs import api_keys
+from kproxy.codecs import api_keys, compression, otlp
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.messages import decode_request, encode_response_parts
+from kproxy.codecs.messages import decode_request, decode_request_body, encode_response_parts
 from kproxy.codecs.otlp_decode import MetricsDecoder
+from kproxy.codecs.otlp_shape import RecentShapes
+from kproxy.codecs.otlp_small import SMALL_BYTES, decode_small
 from kproxy.codecs.peek import RequestPeek
 from kproxy.config import TelemetryConfig
 from kproxy.metrics import ProxyMetrics
@@ -42,6 +50,7 @@ from kproxy.telemetry_exposition import ClientMetricsCollector
 
 log = logging.getLogger("kproxy.telemetry")
 _COMPRESSION = {v: k for k, v in policy.COMPRESSION_NAMES.items()}
+_CORRELATION_ID = struct.Struct(">i")
 DECODE_CONCURRENCY = 1  # pushes decompressed and decoded at once, proxy-wide
 DECODE_SHARE = 0.25  # of the time (one core), for all telemetry decoding together
 
@@ -86,6 +95,11 @@ class TelemetryService:
         metrics.piece_sources.append(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
         self.hostname = socket.gethostname()
+        # By (error, compression): the counters an answer increments; by (version,
+        # error): the answer's bytes. Both bounded by the codes and versions that exist.
+        self._answered: dict[tuple[int, int], tuple[Counter, Counter | None]] = {}
+        self._answers: dict[tuple[int, int], bytes] = {}
+        self.shapes = RecentShapes()
         # Called with every accepted push (connection, instance, decompressed OTLP bytes):
         # the OTLP exporter, the status page. They only take note and never wait.
         self.push_listeners: list[Callable[[ConnectionState, policy.ClientInstance, bytes],
@@ -133,28 +147,80 @@ class TelemetryService:
     def handle_push(self, session: ConnectionState, peek: RequestPeek,
                     frame: memoryview) -> bytes | Awaitable[bytes]:
         """The answer at once when a check fails; else an awaitable that decodes first."""
-        body = decode_request(frame).body
+        body = decode_request_body(frame, peek.api_key, peek.api_version, peek.body_offset)
         started = self.state.begin_push(
             body["client_instance_id"], body["subscription_id"], body["terminating"],
             body["compression_type"], body["metrics"], self.attributes(session),
             self.clock_ms())
         if isinstance(started, policy.PushResult):
             return self._answer(session, peek, started)
-        return self._decode_and_answer(session, peek, started)
+        raw: bytes | None = None
+        if len(started.payload) <= SMALL_BYTES and not started.instance.paced:
+            result, raw = self._decode_small(session, started)
+            if result is not None:
+                return self._answer(session, peek, result)
+        started.instance.paced += 1
+        return self._decode_and_answer(session, peek, started, raw)
+
+    def _decode_small(self, session: ConnectionState, pending: policy.PendingPush
+                      ) -> tuple[policy.PushResult | None, bytes | None]:
+        """A small push decompressed, decoded and ingested at once; else (None, the
+        payload decompressed if that went within SMALL_BYTES) for the paced path.
+
+        A push shaped like its client's last one is not decoded: its values are read
+        where the last one's were, and update the series the last one's points did.
+        """
+        limit = min(SMALL_BYTES, self.state.settings.max_decompressed_bytes)
+        try:
+            raw = compression.decompress(pending.compression_type, pending.payload, limit)
+        except CodecError:  # the paced path decompresses it again and decides
+            return None, None
+        inst = pending.instance
+        values = None if inst.last_push is None else inst.last_push.shape.values(raw)
+        metrics = None
+        if values is None:
+            metrics = decode_small(raw, self.state.settings.decode_limits)
+            if metrics is None:
+                return None, raw
+        result = self.state.finish_push(pending, raw, metrics or [])
+        if self._take_note(session, result) and self.cfg.prometheus and (
+                metrics or values is not None):
+            self._count_ingest(self._ingest_small(inst, raw, metrics, values))
+        return result, raw
+
+    def _ingest_small(self, inst: policy.ClientInstance, raw: bytes,
+                      metrics: list[otlp.ResourceMetrics] | None,
+                      values: list[int | float] | None) -> IngestStats:
+        delta = self.state.settings.delta_temporality
+        if values is not None and inst.last_push is not None:
+            stats = self.store.land(inst.instance_id, inst.last_push.landing, values, delta)
+            if stats is not None:
+                return stats
+            metrics = decode_small(raw, self.state.settings.decode_limits)
+        stats, landing = self.store.ingest_noting(inst.instance_id, inst.attrs,
+                                                  metrics or [], delta)
+        shape = None if landing is None else self.shapes.of(raw)
+        inst.last_push = policy.LastPush(shape, landing) if shape and landing else None
+        return stats
 
     async def _decode_and_answer(self, session: ConnectionState, peek: RequestPeek,
-                                 pending: policy.PendingPush) -> bytes:
-        async with self.decode_limiter:
-            result = await self._decode(pending)
-            if not result.error_code:
-                await self._accept(session, result)
+                                 pending: policy.PendingPush, raw: bytes | None) -> bytes:
+        try:
+            async with self.decode_limiter:
+                result = await self._decode(pending, raw)
+                if not result.error_code:
+                    await self._accept(session, result)
+        finally:
+            pending.instance.paced -= 1
         return self._answer(session, peek, result)
 
-    async def _decode(self, pending: policy.PendingPush) -> policy.PushResult:
+    async def _decode(self, pending: policy.PendingPush,
+                      raw: bytes | None) -> policy.PushResult:
+        """Decompressed (unless ``raw`` already is) and decoded, paced, in steps."""
         try:
-            if pending.compression_type:
+            if raw is None and pending.compression_type:
                 raw = await self.pacer.in_thread(lambda: self.state.decompress(pending))
-            else:
+            elif raw is None:
                 raw = pending.payload
             decoder = MetricsDecoder(raw, self.state.settings.decode_limits)
             await self.pacer.steps(decoder.steps())
@@ -164,15 +230,8 @@ class TelemetryService:
 
     async def _accept(self, session: ConnectionState, result: policy.PushResult) -> None:
         inst = result.instance
-        if inst is None or not self.state.remembers(inst):
-            return  # forgotten while its push was decoded: nothing to keep it under
-        if result.raw and self.archive is not None:
-            # Turned into JSON on the archive's thread, not here.
-            self.archive.telemetry_payload(result.raw, _resource_attributes(inst.attrs,
-                                                                            self.hostname))
-        for listener in self.push_listeners:
-            listener(session, inst, result.raw)
-        if not result.metrics or not self.cfg.prometheus:
+        if not self._take_note(session, result) or not result.metrics or not (
+                self.cfg.prometheus) or inst is None:
             return
         stats = IngestStats()
         try:
@@ -181,6 +240,19 @@ class TelemetryService:
                 self.state.settings.delta_temporality, stats))
         finally:
             self._count_ingest(stats)
+
+    def _take_note(self, session: ConnectionState, result: policy.PushResult) -> bool:
+        """Archive and listeners; False if the instance is forgotten (nothing to keep)."""
+        inst = result.instance
+        if inst is None or not self.state.remembers(inst):
+            return False  # forgotten while its push was decoded: nothing to keep it under
+        if result.raw and self.archive is not None:
+            # Turned into JSON on the archive's thread, not here.
+            self.archive.telemetry_payload(result.raw, _resource_attributes(inst.attrs,
+                                                                            self.hostname))
+        for listener in self.push_listeners:
+            listener(session, inst, result.raw)
+        return True
 
     def _count_ingest(self, stats: IngestStats) -> None:
         if stats.dropped_by_cap:
@@ -201,17 +273,29 @@ class TelemetryService:
 
     def _answer(self, session: ConnectionState, peek: RequestPeek,
                 result: policy.PushResult) -> bytes:
-        self.requests.labels("PushTelemetry", policy.ERROR_NAMES[result.error_code]).inc()
+        error = result.error_code
+        answered = self._answered.get((error, result.compression_type))
+        if answered is None:  # the counters' children, looked up once
+            answered = self._answered[error, result.compression_type] = (
+                self.requests.labels("PushTelemetry", policy.ERROR_NAMES[error]),
+                None if error else self.by_compression.labels(
+                    _COMPRESSION[result.compression_type]))
+        answered[0].inc()
+        if answered[1] is not None:
+            answered[1].inc()
         if result.limit:
             self.over_limit.labels(result.limit).inc()
-        if result.error_code:
+        if error:
             log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
-                "error": policy.ERROR_NAMES[result.error_code], **session.log_fields()}})
-        else:
-            self.by_compression.labels(_COMPRESSION[result.compression_type]).inc()
-        return encode_response_parts(api_keys.PUSH_TELEMETRY, peek.api_version,
-                                     peek.correlation_id,
-                                     {"throttle_time_ms": 0, "error_code": result.error_code})
+                "error": policy.ERROR_NAMES[error], **session.log_fields()}})
+        # The answer differs only in its correlation id, which opens every response
+        # header: encoded once per version and error, then given the request's own.
+        template = self._answers.get((peek.api_version, error))
+        if template is None:
+            template = self._answers[peek.api_version, error] = encode_response_parts(
+                api_keys.PUSH_TELEMETRY, peek.api_version, 0,
+                {"throttle_time_ms": 0, "error_code": error})
+        return _CORRELATION_ID.pack(peek.correlation_id) + template[4:]
 
 
 def _resource_attributes(attrs: dict[str, str], hostname: str) -> dict[str, str]:
