@@ -20,6 +20,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Literal, cast
 
 from kproxy.codecs import otlp
@@ -75,7 +76,7 @@ def label_value(value: otlp.AttrValue) -> str:
     return str(value)  # ints (librdkafka's node.id) keep their value as digits
 
 
-@dataclass
+@dataclass(slots=True)  # one per client series: no per-object dict
 class Series:
     value: float = 0.0
     count: float = 0.0  # histograms
@@ -127,7 +128,7 @@ class IngestStats:
 
 def series_size(key: tuple[str, Labels]) -> int:
     """Estimated bytes one series holds: its labels and a fixed overhead."""
-    return SERIES_OVERHEAD + len(key[0]) + sum(len(k) + len(v) for k, v in key[1])
+    return SERIES_OVERHEAD + len(key[0]) + sum(map(len, chain.from_iterable(key[1])))
 
 
 class MetricsStore:
@@ -259,7 +260,8 @@ class MetricsStore:
             if len(items) > MAX_POINT_LABELS:
                 stats.labels_dropped += len(items) - MAX_POINT_LABELS
                 items = list(items)[:MAX_POINT_LABELS]  # type: ignore[assignment]
-            attrs = tuple(sorted((label_name(k), label_value(v)) for k, v in items))
+            attrs = tuple(sorted((label_name(k), label_value(v)) for k, v in items)) if (
+                items) else ()
             key = (family.name, base + attrs)
             series = own.get(key)
             if series is None:
