@@ -36,7 +36,7 @@ from kproxy.codecs import api_keys, compression, otlp
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request, decode_request_body, encode_response_parts
 from kproxy.codecs.otlp_decode import MetricsDecoder
-from kproxy.codecs.otlp_shape import RecentShapes
+from kproxy.codecs.otlp_shape import RecentShapes, Shape
 from kproxy.codecs.otlp_small import SMALL_BYTES, decode_small
 from kproxy.codecs.peek import RequestPeek
 from kproxy.config import TelemetryConfig
@@ -175,31 +175,36 @@ class TelemetryService:
             raw = compression.decompress(pending.compression_type, pending.payload, limit)
         except CodecError:  # the paced path decompresses it again and decides
             return None, None
-        inst = pending.instance
+        inst, limits = pending.instance, self.state.settings.decode_limits
         values = None if inst.last_push is None else inst.last_push.shape.values(raw)
-        metrics = None
+        metrics, shape = None, None
         if values is None:
-            metrics = decode_small(raw, self.state.settings.decode_limits)
-            if metrics is None:
-                return None, raw
+            known = self.shapes.decode(raw, limits)  # a shape other clients pushed
+            if known is not None:
+                shape, metrics = known
+            else:
+                metrics = decode_small(raw, limits)
+                if metrics is None:
+                    return None, raw
         result = self.state.finish_push(pending, raw, metrics or [])
         if self._take_note(session, result) and self.cfg.prometheus and (
                 metrics or values is not None):
-            self._count_ingest(self._ingest_small(inst, raw, metrics, values))
+            self._count_ingest(self._ingest_small(inst, raw, metrics, values, shape))
         return result, raw
 
     def _ingest_small(self, inst: policy.ClientInstance, raw: bytes,
                       metrics: list[otlp.ResourceMetrics] | None,
-                      values: list[int | float] | None) -> IngestStats:
-        delta = self.state.settings.delta_temporality
+                      values: list[int | float] | None, shape: Shape | None) -> IngestStats:
+        delta, limits = self.state.settings.delta_temporality, self.state.settings.decode_limits
         if values is not None and inst.last_push is not None:
             stats = self.store.land(inst.instance_id, inst.last_push.landing, values, delta)
             if stats is not None:
                 return stats
-            metrics = decode_small(raw, self.state.settings.decode_limits)
+            metrics = decode_small(raw, limits)
         stats, landing = self.store.ingest_noting(inst.instance_id, inst.attrs,
                                                   metrics or [], delta)
-        shape = None if landing is None else self.shapes.of(raw)
+        if landing is not None and shape is None and metrics:
+            shape = self.shapes.note(raw, metrics, limits)
         inst.last_push = policy.LastPush(shape, landing) if shape and landing else None
         return stats
 

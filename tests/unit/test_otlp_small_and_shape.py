@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy.codecs import compression, otlp
+from kproxy.codecs import compression, otlp, otlp_shape
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request
 from kproxy.codecs.otlp_decode import DEFAULT_LIMITS, DecodeLimits, decode_metrics_data
@@ -202,13 +202,36 @@ def test_random_repeats_read_what_a_decode_reads(rnd: random.Random) -> None:
 
 def test_recent_shapes_are_shared_by_clients_that_push_alike() -> None:
     recent = RecentShapes(limit=2)
-    a, b = _with_values([1, 2]), _with_values([3, 4])
-    first = recent.of(a)
-    assert first is not None and recent.of(b) is first
-    assert recent.of(_with_values([1, 2], attribute="x")) is not first  # same size, other
-    recent.of(_with_values([1]))
-    recent.of(_with_values([1, 2, 3]))
-    assert len(recent._by_size) == 2
+    a, b = _with_values([1, 2.5]), _with_values([3, -4.0])
+    assert recent.decode(a, DEFAULT_LIMITS) is None  # nothing seen yet
+    shape = recent.note(a, decode_metrics_data(a), DEFAULT_LIMITS)
+    assert shape is not None
+    got = recent.decode(b, DEFAULT_LIMITS)
+    assert got is not None and got[0] is shape and got[1] == decode_metrics_data(b)
+    assert recent.decode(b, TIGHT) is None  # decoded under other limits: not reused
+    assert recent.decode(_with_values([3, -4.0], attribute="x"), DEFAULT_LIMITS) is None
+    recent.note(_with_values([1]), decode_metrics_data(_with_values([1])), DEFAULT_LIMITS)
+    recent.note(_with_values([1, 2, 3]), decode_metrics_data(_with_values([1, 2, 3])),
+                DEFAULT_LIMITS)
+    assert recent.decode(b, DEFAULT_LIMITS) is None  # the oldest size went first
+
+
+@MANY
+@given(st.randoms(use_true_random=False), st.data())
+def test_a_shape_seen_decodes_others_as_a_decode_does(rnd: random.Random,
+                                                      data: st.DataObject) -> None:
+    raw = random_metrics_data(rnd)
+    layout = otlp_shape._layout(raw)  # where the numbers lie: rewritten below
+    if layout is None or decode_small(raw, DEFAULT_LIMITS) is None:
+        return
+    recent = RecentShapes()
+    assert recent.note(raw, decode_metrics_data(raw), DEFAULT_LIMITS) is not None
+    other = bytearray(raw)
+    for at in otlp_shape._flat(layout)[0]:
+        other[at : at + 8] = data.draw(st.binary(min_size=8, max_size=8))
+    got = recent.decode(bytes(other), DEFAULT_LIMITS)
+    # Compared as text: any eight bytes are a double, NaN too (which equals nothing).
+    assert got is not None and repr(got[1]) == repr(decode_metrics_data(bytes(other)))
 
 
 @pytest.mark.parametrize("raw", real_payloads()[:1])
