@@ -105,14 +105,21 @@ class Family:
 class Landing:
     """The series each number point of one push updated, in push order, and whether
     it adds up under delta temporality: a later push shaped the same (the same
-    metrics and attributes, see ``codecs.otlp_shape``) updates the same series."""
+    metrics and attributes, see ``codecs.otlp_shape``) updates the same series.
+
+    A point the series cap kept out has no series (None); ``capped`` holds its
+    family, which must still be the one registered for a repeat to be dropped the
+    same way (a family of another kind would count a type conflict instead).
+    """
 
     own: dict[tuple[str, Labels], Series]  # the instance's series when it was noted
-    series: tuple[Series, ...]
+    series: tuple[Series | None, ...]
     summed: tuple[bool, ...]
+    capped: tuple[Family, ...] = ()
 
 
-Noted = tuple[list[Series | None], list[bool]]  # a Landing's series and flags, growing
+# A Landing's series, flags and capped families, growing during an ingest.
+Noted = tuple[list[Series | None], list[bool], list[Family]]
 
 
 @dataclass
@@ -167,27 +174,38 @@ class MetricsStore:
     def ingest_noting(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
                       resources: list[otlp.ResourceMetrics],
                       delta: bool) -> tuple[IngestStats, Landing | None]:
-        """``ingest``, and where its points went if every one went somewhere (``land``)."""
-        stats, noted = IngestStats(), cast(Noted, ([], []))
+        """``ingest``, and where its points went (``land``) if each went into a series or
+        was kept out by the series cap, and nothing else was dropped or not kept."""
+        stats, noted = IngestStats(), cast(Noted, ([], [], []))
         own = self.series.setdefault(instance_id, {})
         for _ in self.ingest_steps(instance_id, instance_labels, resources, delta, stats,
                                    noted):
             pass
-        series, summed = noted
-        if stats != IngestStats(points=len(series)) or None in series:
-            return stats, None  # something was dropped or not kept: a repeat would differ
-        return stats, Landing(own, tuple(cast(list[Series], series)), tuple(summed))
+        series, summed, capped = noted
+        landed = len(series) - series.count(None)
+        if stats != IngestStats(points=landed, dropped_by_cap=len(capped)) or (
+                len(series) - landed != len(capped)):
+            return stats, None  # a repeat would not go the same way
+        return stats, Landing(own, tuple(series), tuple(summed), tuple(capped))
 
     def land(self, instance_id: uuid.UUID, landing: Landing, values: list[int | float],
              delta: bool) -> IngestStats | None:
         """A push shaped like the one ``landing`` noted, given its point values: what
-        ``ingest`` would do, as every point's series exists (None if they may not)."""
+        ``ingest`` would do, when that is sure (else None). Every noted series still
+        exists while the instance's series are the ones noted (a series only goes with
+        its instance); a capped point is dropped again while the cap is reached and its
+        family stands (no series is added in between: each point's fate is the same)."""
         if self.series.get(instance_id) is not landing.own or len(values) != len(
                 landing.series):
             return None
+        if landing.capped and (self.total < self.max_series or any(
+                self.families.get(family.name) is not family for family in landing.capped)):
+            return None
         for series, summed, value in zip(landing.series, landing.summed, values, strict=True):
-            series.value = series.value + value if delta and summed else float(value)
-        return IngestStats(points=len(values))
+            if series is not None:
+                series.value = series.value + value if delta and summed else float(value)
+        return IngestStats(points=len(values) - len(landing.capped),
+                           dropped_by_cap=len(landing.capped))
 
     def ingest_steps(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
                      resources: list[otlp.ResourceMetrics], delta: bool,
@@ -267,6 +285,8 @@ class MetricsStore:
             if series is None:
                 if self.total >= self.max_series:
                     stats.dropped_by_cap += 1
+                    if noted is not None:
+                        noted[2].append(family)
                     continue
                 size = series_size(key)
                 if self.bytes + size > self.max_series_bytes:

@@ -160,6 +160,7 @@ class TelemetryService:
             if result is not None:
                 return self._answer(session, peek, result)
         started.instance.paced += 1
+        started.instance.last_push = None  # its series may change other than by a repeat
         return self._decode_and_answer(session, peek, started, raw)
 
     def _decode_small(self, session: ConnectionState, pending: policy.PendingPush

@@ -77,10 +77,26 @@ def test_landing_a_repeat_is_ingesting_it() -> None:
         assert series_values(landed) == series_values(full)
 
 
+def test_points_kept_out_by_the_series_cap_are_kept_out_again_while_it_holds() -> None:
+    landed, full = MetricsStore(max_series=3), MetricsStore(max_series=3)
+    first = decode_metrics_data(payload([1, 1.0]))
+    stats, landing = landed.ingest_noting(ID, LABELS, first, False)
+    assert stats.dropped_by_cap == 1 and stats == full.ingest(ID, LABELS, first, False)
+    assert landing is not None and len(landing.capped) == 1  # four points, three series
+    again = decode_metrics_data(payload([2, 2.0]))
+    numbers = [p.value for rm in again for sm in rm.scopes for m in sm.metrics
+               for p in m.points]
+    assert landed.land(ID, landing, numbers, False) == full.ingest(ID, LABELS, again, False)
+    assert series_values(landed) == series_values(full)
+    landed.max_series = 4  # room now: the point would get its series, so no replay
+    assert landed.land(ID, landing, numbers, False) is None
+
+
 def test_no_landing_when_a_point_went_nowhere_and_none_once_forgotten() -> None:
-    capped = MetricsStore(max_series=3)
-    _, landing = capped.ingest_noting(ID, LABELS, decode_metrics_data(payload([1, 1])), False)
-    assert landing is None  # four points, three series at most: one was dropped
+    small = MetricsStore(max_series_bytes=1500)
+    stats, landing = small.ingest_noting(ID, LABELS, decode_metrics_data(payload([1, 1])),
+                                         False)
+    assert stats.dropped_by_bytes and landing is None  # the byte bound: not replayed
     store = MetricsStore()
     _, landing = store.ingest_noting(ID, LABELS, decode_metrics_data(payload([1, 1])), False)
     assert landing is not None
@@ -173,9 +189,12 @@ def test_the_answer_is_what_the_codec_encodes() -> None:
 
 def test_big_pushes_are_paced_and_a_clients_next_push_waits_behind_them() -> None:
     pusher = Pusher()
+    assert isinstance(pusher.push(payload([0, 1.0])), bytes)
+    assert pusher.instance.last_push is not None
     big = payload([1, 1.0], nodes=SMALL_POINTS)  # 2 x SMALL_POINTS points
     paced = pusher.push(big)
     assert not isinstance(paced, bytes) and pusher.instance.paced == 1
+    assert pusher.instance.last_push is None  # its series change other than by a repeat
     behind = pusher.push(payload([2, 2.0]))  # small, but its client has one being paced
     assert not isinstance(behind, bytes)
 
@@ -187,4 +206,5 @@ def test_big_pushes_are_paced_and_a_clients_next_push_waits_behind_them() -> Non
     assert pusher.instance.paced == 0
     assert isinstance(pusher.push(payload([3, 1.0])), bytes)
     assert series_values(pusher.service.store) == series_values(
-        reference_store([big, payload([2, 2.0]), payload([3, 1.0])], pusher.instance))
+        reference_store([payload([0, 1.0]), big, payload([2, 2.0]), payload([3, 1.0])],
+                        pusher.instance))
