@@ -57,6 +57,12 @@ LARGE_FRAME = RECV_BYTES
 
 
 class Session:
+    # Slots: one of these per open connection, thousands when they idle.
+    __slots__ = ("_client_io", "_closed", "_draining", "_end_at_request", "_ended",
+                 "_nursery", "_recv_scope", "_upstream_io", "bytes_in", "client", "conn",
+                 "frames_in", "last_activity", "listener", "opened_at", "ordered",
+                 "services", "upstream", "writer")
+
     def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
                  node_id: int | None, peer: tuple[str, int]) -> None:
         self.services = services
@@ -79,7 +85,8 @@ class Session:
         self._end_at_request = False
         self._recv_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
-        self.done = trio.Event()
+        self._ended = False
+        self._closed: trio.Event | None = None  # made only when someone waits (a drain)
 
     @property
     def config(self) -> Config:
@@ -111,7 +118,17 @@ class Session:
                 for stream in (self.client, self.upstream):
                     if stream is not None:
                         await trio.aclose_forcefully(stream)
-            self.done.set()
+            self._ended = True
+            if self._closed is not None:
+                self._closed.set()
+
+    async def wait_ended(self) -> None:
+        """Wait until ``run`` has returned."""
+        if self._ended:
+            return
+        if self._closed is None:
+            self._closed = trio.Event()
+        await self._closed.wait()
 
     async def _guard(self, work: Callable[..., Awaitable[None]], *args: object,
                      ends_session: bool = True) -> None:
