@@ -147,6 +147,16 @@ class SocketTransport(Transport):
             self._drained = len(data) < max_bytes
             return data
 
+    async def fill(self, reader: FrameReader, max_bytes: int) -> int:
+        """``fill_now`` once the socket is readable. Waits here, not in ``receive``: an
+        idle connection waits in this call, and each coroutine it waits in holds memory."""
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            self._drained, self._ops = False, 0
+            n = self.fill_now(reader, max_bytes)
+            if n is not None:  # None: a spurious wake-up, wait again
+                return n
+
     def receive_now(self, max_bytes: int) -> bytes | None:
         if self._drained or not self._did_not_wait():
             return None
