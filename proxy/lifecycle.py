@@ -103,7 +103,7 @@ async def drain(proxy: Proxy) -> None:
         while sessions:
             s = next(iter(sessions))
             s.stop_reading()
-            await s.done.wait()
+            await s.wait_ended()
     if timeout.cancelled_caught:
         log.warning("drain timeout: closing connections with requests still in flight",
                     extra={"fields": {"sessions": len(sessions)}})

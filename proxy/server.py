@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -182,9 +183,9 @@ class Proxy:
 
     async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
                      scope: trio.CancelScope) -> None:
-        async def handle(stream: trio.SocketStream, peer: tuple[str, int], name: str) -> None:
-            await self._serve_one(stream, peer, name, node_id)
-
+        # A partial, not a wrapping coroutine: every open connection waits inside its
+        # handler, and each coroutine frame it waits in is memory it holds.
+        handle = partial(self._serve_one, node_id=node_id)
         assert self._sessions_nursery is not None
         with scope:
             try:
