@@ -112,6 +112,7 @@ class Session:
                 with TaskGuard(self):
                     await self._requests()
         finally:
+            self._nursery = None  # closed: nothing more can start in it
             m.connections_active.labels(self.listener).dec()
             self.services.events.connection_closed(self.conn, self.opened_at, self.bytes_in,
                                                    self.bytes_out)
@@ -145,10 +146,13 @@ class Session:
         if self._end_at_request or self._draining:
             return
         self._end_at_request = True
-        if self._nursery is None:
-            self.stop_reading()
-        else:
-            self._nursery.start_soon(self._stop_after, grace)
+        try:
+            if self._nursery is not None:
+                self._nursery.start_soon(self._stop_after, grace)
+                return
+        except RuntimeError:  # its tasks have all ended: the session is closing
+            pass
+        self.stop_reading()
 
     async def _stop_after(self, grace: float) -> None:
         await trio.sleep(grace)
