@@ -28,6 +28,7 @@ async def handle_signals(proxy: Proxy) -> None:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)
             if signum == signal.SIGHUP:
+                await proxy.started.wait()  # a reload needs what start-up opens
                 await reload(proxy)
                 continue
             proxy.shutdown()

@@ -106,6 +106,7 @@ class Proxy:
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
         self._stop = trio.Event()
+        self.started = trio.Event()  # listening, the backend discovered once
         self._sessions_nursery: trio.Nursery | None = None
         self._bootstrap_scope = trio.CancelScope()
 
@@ -139,6 +140,10 @@ class Proxy:
     async def _run(self, handle_signals: bool, task_status: trio.TaskStatus[Proxy]) -> None:
         cfg = self.config
         async with trio.open_nursery() as services:
+            if handle_signals:
+                # Before the first listener opens: a SIGTERM while start-up is still
+                # discovering the backend drains, where it used to kill the process.
+                services.start_soon(lifecycle.handle_signals, self)
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
                 self.listeners.start(services, self._serve)
@@ -157,8 +162,6 @@ class Proxy:
                 services.start_soon(self._discovery_loop)
                 if self.otlp is not None:
                     services.start_soon(self.otlp.run)
-                if handle_signals:
-                    services.start_soon(lifecycle.handle_signals, self)
                 if cfg.source and cfg.config_watch_interval > 0:
                     services.start_soon(lifecycle.watch_config, self, cfg.source)
                 log.info("kproxy listening", extra={"fields": {
@@ -168,6 +171,7 @@ class Proxy:
                     "http": f"{cfg.http[0]}:{self.http_port}",
                     "max_buffered_bytes": cfg.max_buffered_bytes,
                     "upstream": ",".join(f"{h}:{p}" for h, p in cfg.upstream)}})
+                self.started.set()
                 task_status.started(self)
                 await self._stop.wait()
                 await lifecycle.drain(self)
