@@ -26,7 +26,7 @@ from kproxy.policies.rewrite import Seen
 from kproxy.policies.topology import Change
 
 
-@dataclass
+@dataclass(slots=True)
 class ClientInfo:
     """What the proxy knows of the client on this connection."""
 
@@ -124,6 +124,12 @@ OBSERVED_HEAD_BYTES = 64 * 1024
 
 
 class ConnectionState:
+    # Slots: one per open connection; weak references for the status page's push times.
+    __slots__ = ("__weakref__", "_observers", "_requests", "_responses",
+                 "api_versions_used", "authenticated", "backend_metadata_max",
+                 "connected_epoch", "handlers", "info", "listener", "metadata_version",
+                 "node_id", "pending", "shared", "topology_epoch", "upstream")
+
     def __init__(self, shared: ProxyState, handlers: Handlers, listener: str,
                  node_id: int | None, peer: tuple[str, int]) -> None:
         self.shared = shared

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from kproxy.codecs.error_codes import ErrorCode, error_name
 
@@ -30,6 +31,26 @@ class GroupLimits:
     max_partitions: int = 10_000  # committed offsets per group, and watermarks overall
     max_label_chars: int = 128
     expiry_seconds: float = 600.0  # a group (or a committed offset) silent this long goes
+
+
+_Entry = TypeVar("_Entry", "Group", "Member")
+
+
+def _touch(entries: OrderedDict[str, _Entry], key: str, now: float,
+           make: Callable[[str, float], _Entry], limit: int) -> tuple[_Entry, int]:
+    """The entry under ``key``, made if new, as the most recently seen; the least
+    recently seen beyond ``limit`` are dropped. Returns it and how many were dropped."""
+    entry = entries.get(key)
+    if entry is not None:
+        entries.move_to_end(key)
+        entry.last_seen = now
+        return entry, 0
+    entry = entries[key] = make(key, now)
+    evicted = 0
+    while len(entries) > limit:
+        entries.popitem(last=False)
+        evicted += 1
+    return entry, evicted
 
 
 def clip(value: str | None, limits: GroupLimits) -> str:
@@ -106,31 +127,16 @@ class GroupTracker:
     # ------------------------------------------------------------------ helpers
 
     def group(self, group_id: str, now: float) -> Group:
-        key = clip(group_id, self.limits)
-        g = self.groups.get(key)
-        if g is None:
-            g = self.groups[key] = Group(key, now)
-            while len(self.groups) > self.limits.max_groups:
-                self.groups.popitem(last=False)
-                self.evicted_groups += 1
-        else:
-            self.groups.move_to_end(key)
-            g.last_seen = now
+        g, evicted = _touch(self.groups, clip(group_id, self.limits), now, Group,
+                            self.limits.max_groups)
+        self.evicted_groups += evicted
         return g
 
     def _member(self, g: Group, member_id: str, now: float) -> Member | None:
         if not member_id:
             return None
-        key = clip(member_id, self.limits)
-        m = g.members.get(key)
-        if m is None:
-            m = g.members[key] = Member(key, now)
-            while len(g.members) > self.limits.max_members:
-                g.members.popitem(last=False)
-        else:
-            g.members.move_to_end(key)
-            m.last_seen = now
-        return m
+        return _touch(g.members, clip(member_id, self.limits), now, Member,
+                      self.limits.max_members)[0]
 
     def error(self, group_id: str, code: int, now: float) -> None:
         """A member was answered with an error (counted by name)."""

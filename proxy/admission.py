@@ -243,7 +243,9 @@ class Admission:
                 stream.socket.close()  # refused at accept: nothing was started for it
                 continue
             try:
-                nursery.start_soon(self._run, stream, peer, name, handler)
+                # A task name given, not made: trio would format a new string per task.
+                nursery.start_soon(self._run, stream, peer, name, handler,
+                                   name=Admission._run.__qualname__)
             except BaseException:  # a nursery closing under us: the count must not leak
                 self.release(peer[0])
                 stream.socket.close()

@@ -38,6 +38,9 @@ async def send_all(transport: Transport, parts: Sequence[Frame | Buffer],
 
 
 class ClientWriter:
+    __slots__ = ("_room", "bytes_out", "close_after_flush", "latency", "lock", "metrics",
+                 "ordered", "transport", "write_timeout")
+
     def __init__(self, transport: Transport, ordered: OrderedResponses, metrics: ProxyMetrics,
                  write_timeout: Callable[[], float]) -> None:
         self.transport = transport
@@ -49,21 +52,29 @@ class ClientWriter:
         self.bytes_out = 0
         # Set when the session must end once the answers already made have left.
         self.close_after_flush = False
-        self._room = trio.Event()
+        # What the request side waits on for answers to leave; made only when it waits
+        # (an idle connection holds none).
+        self._room: trio.Event | None = None
 
     async def send(self, parts: Sequence[Frame | Buffer]) -> None:
         await send_all(self.transport, parts, self.write_timeout())
 
     async def answers_left(self) -> None:
         """Wait until some answers have left (room in the in-flight window)."""
-        self._room = trio.Event()
-        await self._room.wait()
+        self._room = room = trio.Event()
+        await room.wait()
+
+    def _wake(self) -> None:
+        """Answers have left: wake the request side if it waits for that."""
+        room, self._room = self._room, None
+        if room is not None:
+            room.set()
 
     def answered(self, slot: Slot, size: int) -> None:
         """``slot``'s answer (``size`` bytes on the wire) has left: account it and wake
         the request side."""
         self._account(slot, size)
-        self._room.set()
+        self._wake()
 
     def _account(self, slot: Slot, size: int) -> None:
         api = self.metrics.api(slot.api_key)
@@ -108,7 +119,7 @@ class ClientWriter:
                 parts.append(wire)
                 self._account(slot, len(wire) + 4 if isinstance(wire, Frame) else len(wire))
             await self.send(parts)
-            self._room.set()
+            self._wake()
             if self.close_after_flush:
                 raise SessionClosed("closed after its last response, as the legacy-client "
                                     "policy asks")

@@ -36,13 +36,17 @@ class OrderedResponses:
     __slots__ = ("_acks0", "_acks0_order", "_awaiting_upstream", "_slots", "stray_discarded")
 
     def __init__(self) -> None:
-        self._slots: deque[Slot] = deque()
-        self._awaiting_upstream: deque[Slot] = deque()
+        # Lists, not deques: an empty deque keeps a 64-slot block (~760 bytes) for the
+        # life of an idle connection, an empty list nothing; taking from the front of a
+        # list moves at most max_inflight pointers.
+        self._slots: list[Slot] = []
+        self._awaiting_upstream: list[Slot] = []
         # A real broker never answers acks=0; some Kafka-compatible ones do. Such an
         # answer must not reach the client, which is not waiting for it. The last
-        # few ids are remembered (bounded: a pure acks=0 producer gets no answers).
-        self._acks0: set[int] = set()
-        self._acks0_order: deque[int] = deque()
+        # few ids are remembered (bounded: a pure acks=0 producer gets no answers),
+        # in a set and its order, both made at the first acks=0 request.
+        self._acks0: set[int] | None = None
+        self._acks0_order: deque[int] | None = None
         self.stray_discarded = 0
 
     def __len__(self) -> int:
@@ -57,7 +61,9 @@ class OrderedResponses:
 
     def expect_nothing(self, correlation_id: int) -> None:
         """An acks=0 request went upstream: no answer is owed to the client."""
-        if len(self._acks0_order) >= ACKS0_REMEMBERED:
+        if self._acks0 is None or self._acks0_order is None:
+            self._acks0, self._acks0_order = set(), deque()
+        elif len(self._acks0_order) >= ACKS0_REMEMBERED:
             self._acks0.discard(self._acks0_order.popleft())
         self._acks0.add(correlation_id)
         self._acks0_order.append(correlation_id)
@@ -87,7 +93,7 @@ class OrderedResponses:
     def pop_head(self, slot: Slot) -> None:
         """Take ``slot`` off the head without a ``wire``: it was passed through as it came."""
         assert self._slots[0] is slot
-        self._slots.popleft()
+        del self._slots[0]
 
     def next_upstream(self, correlation_id: int) -> Slot | None:
         """The slot an upstream response fills; brokers answer in order, so it is the oldest.
@@ -95,9 +101,10 @@ class OrderedResponses:
         None means the response answers an acks=0 request and is to be dropped.
         """
         head = self._awaiting_upstream[0] if self._awaiting_upstream else None
+        acks0 = self._acks0
         if (head is None or head.correlation_id != correlation_id) and (
-                correlation_id in self._acks0):
-            self._acks0.discard(correlation_id)
+                acks0 is not None and correlation_id in acks0):
+            acks0.discard(correlation_id)
             self.stray_discarded += 1
             return None
         if not self._awaiting_upstream:
@@ -108,12 +115,15 @@ class OrderedResponses:
             raise ProtocolViolation(f"response correlation id {correlation_id} does not "
                                     f"match the oldest request in flight "
                                     f"({slot.correlation_id})")
-        self._awaiting_upstream.popleft()
+        del self._awaiting_upstream[0]
         return slot
 
     def pop_ready(self) -> list[Slot]:
         """Filled slots at the head, in order; stops at the first unfilled one."""
-        out = []
-        while self._slots and self._slots[0].wire is not None:
-            out.append(self._slots.popleft())
+        slots = self._slots
+        n = 0
+        while n < len(slots) and slots[n].wire is not None:
+            n += 1
+        out = slots[:n]
+        del slots[:n]
         return out

@@ -2,14 +2,15 @@
 
 Log-linear buckets (four per power of two of microseconds, so a quantile is known within
 25%), in two rotating windows of ``WINDOW`` seconds: a quantile covers the last one to
-two windows, not the connection's whole life. At most 2 x 120 counters per connection,
-allocated at its first response; recording one value is a few integer operations.
+two windows, not the connection's whole life. A window counts only the buckets that saw
+a value (a dict, from the connection's first response): an idle connection that got a
+few answers keeps a couple of hundred bytes, not 120 counters. Recording one value is a
+few integer operations.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterable
 
 BUCKETS = 120  # the last one holds everything from about 36 minutes up
@@ -36,8 +37,8 @@ class LatencySketch:
     __slots__ = ("_cur", "_prev", "_rotate_at")
 
     def __init__(self) -> None:
-        self._cur: list[int] | None = None
-        self._prev: list[int] | None = None
+        self._cur: dict[int, int] | None = None  # bucket -> count
+        self._prev: dict[int, int] | None = None
         self._rotate_at = 0.0
 
     def observe(self, seconds: float, now: float) -> None:
@@ -45,25 +46,30 @@ class LatencySketch:
         if now >= self._rotate_at:
             # One window passed: the current one becomes the previous; after two, both go.
             self._prev = self._cur if now < self._rotate_at + WINDOW else None
-            self._cur = [0] * BUCKETS
+            self._cur = {}
             self._rotate_at = now + WINDOW
-        assert self._cur is not None
+        cur = self._cur
+        assert cur is not None
         us = int(seconds * 1_000_000)  # bucket_of, inlined: this runs for every response
         if us < 8:
-            self._cur[max(us, 0)] += 1
-            return
-        bits = us.bit_length()
-        self._cur[min((bits - 2) * 4 + ((us >> (bits - 3)) & 3), BUCKETS - 1)] += 1
+            bucket = max(us, 0)
+        else:
+            bits = us.bit_length()
+            bucket = min((bits - 2) * 4 + ((us >> (bits - 3)) & 3), BUCKETS - 1)
+        cur[bucket] = cur.get(bucket, 0) + 1
 
     def counts(self, now: float) -> list[int] | None:
         """Bucket counts over the recent windows, or None if there is nothing recent."""
         if self._cur is None or now >= self._rotate_at + WINDOW:
             return None
-        if now >= self._rotate_at:  # the current window is already the previous one
-            return list(self._cur)
-        if self._prev is None:
-            return list(self._cur)
-        return list(map(operator.add, self._cur, self._prev))
+        windows = [self._cur]
+        if now < self._rotate_at and self._prev is not None:  # else only the current one
+            windows.append(self._prev)
+        out = [0] * BUCKETS
+        for window in windows:
+            for bucket, n in window.items():
+                out[bucket] += n
+        return out
 
 
 def merge(counts: Iterable[list[int] | None]) -> list[int] | None:

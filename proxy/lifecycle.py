@@ -28,6 +28,7 @@ async def handle_signals(proxy: Proxy) -> None:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)
             if signum == signal.SIGHUP:
+                await proxy.started.wait()  # a reload needs what start-up opens
                 await reload(proxy)
                 continue
             proxy.shutdown()
@@ -103,7 +104,7 @@ async def drain(proxy: Proxy) -> None:
         while sessions:
             s = next(iter(sessions))
             s.stop_reading()
-            await s.done.wait()
+            await s.wait_ended()
     if timeout.cancelled_caught:
         log.warning("drain timeout: closing connections with requests still in flight",
                     extra={"fields": {"sessions": len(sessions)}})

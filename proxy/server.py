@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -105,6 +106,7 @@ class Proxy:
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
         self._stop = trio.Event()
+        self.started = trio.Event()  # listening, the backend discovered once
         self._sessions_nursery: trio.Nursery | None = None
         self._bootstrap_scope = trio.CancelScope()
 
@@ -138,6 +140,10 @@ class Proxy:
     async def _run(self, handle_signals: bool, task_status: trio.TaskStatus[Proxy]) -> None:
         cfg = self.config
         async with trio.open_nursery() as services:
+            if handle_signals:
+                # Before the first listener opens: a SIGTERM while start-up is still
+                # discovering the backend drains, where it used to kill the process.
+                services.start_soon(lifecycle.handle_signals, self)
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
                 self.listeners.start(services, self._serve)
@@ -156,8 +162,6 @@ class Proxy:
                 services.start_soon(self._discovery_loop)
                 if self.otlp is not None:
                     services.start_soon(self.otlp.run)
-                if handle_signals:
-                    services.start_soon(lifecycle.handle_signals, self)
                 if cfg.source and cfg.config_watch_interval > 0:
                     services.start_soon(lifecycle.watch_config, self, cfg.source)
                 log.info("kproxy listening", extra={"fields": {
@@ -167,6 +171,7 @@ class Proxy:
                     "http": f"{cfg.http[0]}:{self.http_port}",
                     "max_buffered_bytes": cfg.max_buffered_bytes,
                     "upstream": ",".join(f"{h}:{p}" for h, p in cfg.upstream)}})
+                self.started.set()
                 task_status.started(self)
                 await self._stop.wait()
                 await lifecycle.drain(self)
@@ -182,9 +187,9 @@ class Proxy:
 
     async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
                      scope: trio.CancelScope) -> None:
-        async def handle(stream: trio.SocketStream, peer: tuple[str, int], name: str) -> None:
-            await self._serve_one(stream, peer, name, node_id)
-
+        # A partial, not a wrapping coroutine: every open connection waits inside its
+        # handler, and each coroutine frame it waits in is memory it holds.
+        handle = partial(self._serve_one, node_id=node_id)
         assert self._sessions_nursery is not None
         with scope:
             try:

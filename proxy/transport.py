@@ -39,6 +39,8 @@ MAX_IOV = 1024
 class Transport:
     """A connection as the relay uses it; subclasses decide how bytes move."""
 
+    __slots__ = ()
+
     def fill_now(self, reader: FrameReader, max_bytes: int) -> int | None:
         """Give ``reader`` what the kernel already holds: a count, 0 at end of stream,
         or None (call ``fill``). A large frame the reader opened is received in place."""
@@ -98,6 +100,8 @@ class Transport:
 class StreamTransport(Transport):
     """Any trio stream (TLS): every operation goes through the stream API."""
 
+    __slots__ = ("stream",)
+
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
 
@@ -117,6 +121,8 @@ class StreamTransport(Transport):
 
 class SocketTransport(Transport):
     """A plain TCP socket, driven with non-blocking system calls on its descriptor."""
+
+    __slots__ = ("_drained", "_ops", "fd")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.fd = stream.socket.fileno()
@@ -140,6 +146,16 @@ class SocketTransport(Transport):
                 raise _gone(exc) from exc
             self._drained = len(data) < max_bytes
             return data
+
+    async def fill(self, reader: FrameReader, max_bytes: int) -> int:
+        """``fill_now`` once the socket is readable. Waits here, not in ``receive``: an
+        idle connection waits in this call, and each coroutine it waits in holds memory."""
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            self._drained, self._ops = False, 0
+            n = self.fill_now(reader, max_bytes)
+            if n is not None:  # None: a spurious wake-up, wait again
+                return n
 
     def receive_now(self, max_bytes: int) -> bytes | None:
         if self._drained or not self._did_not_wait():

@@ -101,7 +101,11 @@ async def assert_exactly_max_admitted(proxy: Proxy, port: int, maximum: int,
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         client = RawClient(stream)
         if tls is not None:
-            client.stream = trio.SSLStream(stream, tls, server_hostname="localhost")  # type: ignore[assignment]
+            tls_stream = trio.SSLStream(stream, tls, server_hostname="localhost")
+            # Now, not when all are open: the proxy times out a handshake that has not
+            # completed within tls_handshake_timeout of the accept.
+            await tls_stream.do_handshake()
+            client.stream = tls_stream  # type: ignore[assignment]
         clients.append(client)
 
     async def ask(client: RawClient, i: int) -> None:
@@ -147,7 +151,7 @@ async def test_admission_is_exact_after_tls_churn(nursery: trio.Nursery, tansu: 
                                                   pki: Pki) -> None:  # noqa: F811
     proxy = await start(nursery, tansu.bootstrap, max_connections=100,
                         max_connections_per_source=1000, tls_cert=pki.cert, tls_key=pki.key,
-                        tls_handshake_timeout=2)
+                        tls_handshake_timeout=10)
     port = proxy.bootstrap_port
     assert port is not None
     tls = ssl.create_default_context(cafile=str(pki.ca_file))

@@ -301,3 +301,25 @@ async def test_without_reuse_port_a_taken_port_is_refused() -> None:
     for listeners in shared:
         for listener in listeners:
             await listener.aclose()
+
+
+async def test_a_backend_change_reaching_a_closing_session_is_harmless(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """A topology change tells every session in the proxy's set to end; one whose tasks
+    have all ended and that is still closing its sockets must take that quietly (it
+    once raised "Nursery is closed to new arrivals" and took the proxy down)."""
+    proxy = await start_proxy(nursery, fake.bootstrap, node_id_range="0-9")
+    client = await RawClient.connect(proxy.bootstrap_port or 0)
+    await client.send(encode_request(api_keys.METADATA, 12, 1, METADATA_V12))
+    assert await client.read_frame(timeout=10) is not None
+    (session,) = proxy.sessions
+    await client.aclose()
+    with trio.fail_after(30):
+        await session.wait_ended()
+    session.end_at_next_request()  # what the backend watch calls on a change
+    await proxy.backend.force("operator")  # and through the real fan-out
+    client = await RawClient.connect(proxy.bootstrap_port or 0)  # the proxy serves on
+    await client.send(encode_request(api_keys.METADATA, 12, 2, METADATA_V12))
+    assert await client.read_frame(timeout=10) is not None
+    await client.aclose()
+    proxy.shutdown()

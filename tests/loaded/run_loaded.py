@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (default: -q)")
     args = parser.parse_args()
     results: list[tuple[int, int, float]] = []
+    # Stopped (make interrupted, a CI timeout): end the hogs too, not only on return.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hogs = start_hogs(args.hogs, args.hog_seconds)
     try:
         for run in range(1, args.runs + 1):
