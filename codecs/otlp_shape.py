@@ -68,6 +68,11 @@ class Shape:
         self._absent = tuple(i for i, value in enumerate(values) if value is None)
         self._digest = self._digest_around(raw)
 
+    @property
+    def slots(self) -> int:
+        """How many 8-byte slots it holds of its own (its struct formats are shared)."""
+        return len(self._absent) + 4
+
     def values(self, raw: bytes) -> list[int | float] | None:
         """Each gauge and sum point's value in ``raw``, if ``raw`` has this shape."""
         if len(raw) != self.size or self._digest_around(raw) != self._digest:

@@ -63,6 +63,7 @@ EXPIRY_SWEEP_MS = 1000
 # the least recently seen instances go first once it is passed.
 DEFAULT_MAX_INSTANCE_BYTES = 16 * 1024 * 1024
 INSTANCE_OVERHEAD = 1024  # bytes per instance beside its attribute strings
+LAST_PUSH_OVERHEAD = 256  # bytes a LastPush holds beside its per-point slots
 
 
 class PolicyError(ValueError):
@@ -155,6 +156,15 @@ class LastPush:
     shape: Shape
     landing: Landing
 
+    @property
+    def size(self) -> int:
+        """Estimated bytes it holds beside what is shared: a slot per point in each of
+        the landing's tuples and the shape's (its struct formats are shared by clients
+        of one kind, see ``codecs.otlp_shape``)."""
+        landing = self.landing
+        slots = len(landing.series) + len(landing.summed) + len(landing.capped)
+        return LAST_PUSH_OVERHEAD + 8 * (slots + self.shape.slots)
+
 
 @dataclass
 class ClientInstance:
@@ -175,7 +185,8 @@ class ClientInstance:
     @property
     def size(self) -> int:
         """Estimated bytes this instance holds (its attributes are bounded in length)."""
-        return INSTANCE_OVERHEAD + sum(len(k) + len(v) for k, v in self.attrs.items())
+        attrs = sum(len(k) + len(v) for k, v in self.attrs.items())
+        return INSTANCE_OVERHEAD + attrs + (self.last_push.size if self.last_push else 0)
 
     @property
     def expires_after_ms(self) -> int:
@@ -282,11 +293,27 @@ class TelemetryState:
             self.instance_bytes += inst.size
         self.instances.move_to_end(instance_id)
         inst.last_seen_ms = now
+        self._evict()
+        return inst
+
+    def note_last_push(self, inst: ClientInstance, last: LastPush | None) -> None:
+        """Keep (or drop) what an instance's next push may be landed by; it is counted
+        in the instance's bytes like its attributes."""
+        if inst.last_push is last:
+            return
+        before = inst.size
+        inst.last_push = last
+        if self.instances.get(inst.instance_id) is inst:
+            self.instance_bytes += inst.size - before
+            self._evict()
+
+    def _evict(self) -> None:
+        """The least recently seen instances go until count and bytes are within bounds
+        (the most recent one always stays)."""
         while len(self.instances) > 1 and (
                 len(self.instances) > self.settings.max_instances
                 or self.instance_bytes > self.settings.max_instance_bytes):
             self._forget(next(iter(self.instances)))
-        return inst
 
     def _maybe_expire(self, now: int) -> None:
         """Sweep at most once a second: a sweep visits every instance, a request one."""

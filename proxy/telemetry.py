@@ -160,7 +160,7 @@ class TelemetryService:
             if result is not None:
                 return self._answer(session, peek, result)
         started.instance.paced += 1
-        started.instance.last_push = None  # its series may change other than by a repeat
+        self.state.note_last_push(started.instance, None)  # its series may change otherwise
         return self._decode_and_answer(session, peek, started, raw)
 
     def _decode_small(self, session: ConnectionState, pending: policy.PendingPush
@@ -206,7 +206,8 @@ class TelemetryService:
                                                   metrics or [], delta)
         if landing is not None and shape is None and metrics:
             shape = self.shapes.note(raw, metrics, limits)
-        inst.last_push = policy.LastPush(shape, landing) if shape and landing else None
+        self.state.note_last_push(
+            inst, policy.LastPush(shape, landing) if shape and landing else None)
         return stats
 
     async def _decode_and_answer(self, session: ConnectionState, peek: RequestPeek,

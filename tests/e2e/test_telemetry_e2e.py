@@ -111,7 +111,14 @@ def test_librdkafka_producer_and_consumer_metrics(backend: TansuBroker, tmp_path
     assert {"client.instance.id", "client.software.name", "client.id"} <= keys
     conns = [json.loads(line) for p in archive.glob("connections/date=*/hour=*/part-*.jsonl")
              for line in p.read_text().splitlines()]
-    assert any(c["telemetry"] and c["supports_metadata_v13"] for c in conns)
+    # Which of a client's connections carries its telemetry, and whether that one also
+    # sent Metadata, is librdkafka's timing: check each record against its own APIs.
+    assert any(c["telemetry"] for c in conns) and any(c["supports_metadata_v13"] for c in conns)
+    for c in conns:
+        apis = c["apis"]
+        assert c["telemetry"] == ("PushTelemetry" in apis or "GetTelemetrySubscriptions" in apis)
+        assert c["supports_metadata_v13"] == (None if "Metadata" not in apis
+                                              else apis["Metadata"] >= 13)
     assert not list(archive.rglob(".*.tmp"))
 
 

@@ -152,6 +152,15 @@ def reference_store(pushes: list[bytes], inst: policy.ClientInstance) -> Metrics
     return store
 
 
+def assert_instance_bytes_counted(state: policy.TelemetryState) -> None:
+    """What the instance memory bound counts includes each instance's last push."""
+    assert state.instance_bytes == sum(i.size for i in state.instances.values())
+    for inst in state.instances.values():
+        attrs = sum(len(k) + len(v) for k, v in inst.attrs.items())
+        assert inst.size > policy.INSTANCE_OVERHEAD + attrs if inst.last_push else (
+            inst.size == policy.INSTANCE_OVERHEAD + attrs)
+
+
 def test_pushes_small_and_repeated_leave_what_full_decodes_leave(
         monkeypatch: pytest.MonkeyPatch) -> None:
     pusher = Pusher()
@@ -169,6 +178,7 @@ def test_pushes_small_and_repeated_leave_what_full_decodes_leave(
         answer = pusher.push(raw)
         assert isinstance(answer, bytes)  # small: answered at once
         assert pusher.instance.last_push is not None  # its shape noted for the next one
+        assert_instance_bytes_counted(pusher.service.state)
     # Decoded: the first push and each change of shape; the repeats were not.
     assert decoded == [pushes[0], pushes[3], pushes[5]]
     assert series_values(pusher.service.store) == series_values(
@@ -195,6 +205,7 @@ def test_big_pushes_are_paced_and_a_clients_next_push_waits_behind_them() -> Non
     paced = pusher.push(big)
     assert not isinstance(paced, bytes) and pusher.instance.paced == 1
     assert pusher.instance.last_push is None  # its series change other than by a repeat
+    assert_instance_bytes_counted(pusher.service.state)
     behind = pusher.push(payload([2, 2.0]))  # small, but its client has one being paced
     assert not isinstance(behind, bytes)
 
