@@ -8,7 +8,8 @@ Requests: the upstream connection is opened when the first complete request arri
 (a connection that never sends one costs no broker connection). Each request is
 peeked, handed to the state, and forwarded as received, replaced, or answered here.
 
-Responses: a response no handler needs whole is relayed as it arrives. Small ones
+Responses (``kproxy.session_responses``, a task started with the upstream
+connection): a response no handler needs whole is relayed as it arrives. Small ones
 are batched and written without copying; a large one is passed through chunk by
 chunk (cut-through), so a 50 MB fetch costs one receive buffer, not 50 MB. A
 response a handler must see whole (addresses to rewrite) is received in place, its
@@ -28,10 +29,10 @@ from kproxy.client_writer import ClientWriter, send_all
 from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
-from kproxy.codecs.peek import peek_correlation_id, peek_request
+from kproxy.codecs.peek import peek_request
 from kproxy.config import Config
 from kproxy.context import SessionServices
-from kproxy.errors import PeerGone, ProtocolViolation, SessionClosed
+from kproxy.errors import PeerGone, SessionClosed
 from kproxy.inflight import OrderedResponses, Slot
 from kproxy.latency_sketch import LatencySketch
 from kproxy.memory import Charge
@@ -43,15 +44,11 @@ from kproxy.policies.connection import (
     ConnectionState,
     Forward,
 )
-from kproxy.policies.rebootstrap import Action
 from kproxy.session_guard import TaskGuard
+from kproxy.session_responses import RECV_BYTES, relay_responses
 from kproxy.transport import Transport, transport_for
 
 _SIZE = struct.Struct(">i")
-RECV_BYTES = 256 * 1024
-# A response frame larger than this that is not complete in what was received is
-# passed through (or, when it must be rewritten, received in place).
-LARGE_FRAME = RECV_BYTES
 # Local answers (a small telemetry push is decoded as it is answered) made from one
 # read for longer than this: the loop serves other connections before the rest.
 LOCAL_WORK_S = 0.002
@@ -303,7 +300,7 @@ class Session:
         self.upstream, address = connected
         self.conn.connected(address)
         self._upstream_io = transport_for(self.upstream)
-        self._start(self._responses)
+        self._start(relay_responses, self, self._upstream_io)
 
     def _start(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
         """Start a task of the session; ``fn`` runs under a ``TaskGuard`` of its own. It
@@ -329,93 +326,3 @@ class Session:
                                        self.conn)
         while len(self.ordered) >= self.config.max_inflight:
             await self.writer.answers_left()
-
-    # ------------------------------------------------------------------ responses
-
-    async def _responses(self) -> None:
-        with TaskGuard(self):
-            assert self._upstream_io is not None
-            upstream = self._upstream_io
-            reader = FrameReader(self.config.max_frame_bytes)
-            charge = Charge(self.services.budget)
-            try:
-                while True:
-                    if not reader.held():
-                        await charge.wait_for_room()
-                    n = upstream.fill_now(reader, RECV_BYTES)
-                    if n is None:
-                        n = await upstream.fill(reader, RECV_BYTES)
-                    if not n:
-                        self.services.events.upstream_lost(self.conn,
-                                                           "broker closed the connection")
-                        raise PeerGone("upstream closed the connection")
-                    charge.settle(reader.held())
-                    try:
-                        await self._handle_responses(reader)
-                        await self.writer.flush()
-                        charge.settle(reader.held())
-                        await self._handle_pending(reader, charge)
-                    except (CodecError, ProtocolViolation) as exc:
-                        self.services.events.decode_error("response", "frame", exc, self.conn)
-                        raise SessionClosed(str(exc)) from None
-                    charge.settle(reader.held())
-            finally:
-                charge.release()
-
-    async def _handle_responses(self, reader: FrameReader) -> None:
-        frames = reader.wire_frames()
-        if frames:
-            self.last_activity = trio.current_time()
-        for frame in frames:
-            slot = self.ordered.next_upstream(peek_correlation_id(frame.body))
-            if slot is None:
-                self.services.metrics.stray_responses.inc()
-                continue
-            slot.wire = await self._process_response(slot, frame.body) or frame
-
-    async def _handle_pending(self, reader: FrameReader, charge: Charge) -> None:
-        """A large response has started and is not complete: pass it through, or receive
-        it whole in place when it must be rewritten (its size reserved first)."""
-        pending = reader.pending()
-        if pending is None or pending[0] < LARGE_FRAME or len(pending[1]) < 8:
-            return
-        total, head = pending
-        slot = self.ordered.peek_upstream(peek_correlation_id(head[4:]))
-        if (slot is not None and self.ordered.is_next(slot)
-                and not self.conn.wants_response(slot.api_key, slot.api_version)):
-            await self._pass_through(reader, charge, slot)
-            return
-        # To rewrite, or behind a local answer still being made, or a stray answer.
-        await charge.reserve_to(total)
-        reader.open_in_place()
-
-    async def _pass_through(self, reader: FrameReader, charge: Charge, slot: Slot) -> None:
-        """Relay the pending frame to the client as its bytes arrive (cut-through)."""
-        upstream = self._upstream_io
-        assert upstream is not None
-        self.ordered.next_upstream(slot.correlation_id)
-        self.ordered.pop_head(slot)
-        parts, rest = reader.take_partial()
-        self.conn.observe_head(slot.api_key, slot.api_version, parts)
-        try:
-            await self.writer.relay(slot, parts, upstream, rest, charge, RECV_BYTES)
-        except PeerGone:
-            self.services.events.upstream_lost(self.conn, "broker closed the connection "
-                                               "mid-response")
-            raise
-        self.last_activity = trio.current_time()
-
-    async def _process_response(self, slot: Slot, body: memoryview) -> bytes | None:
-        """The response to send for ``slot``: None to relay it as received."""
-        conn = self.conn
-        if not conn.wants_response(slot.api_key, slot.api_version):
-            conn.observe(slot.api_key, slot.api_version, body)
-            return None
-        handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version, body)
-        if handled.seen is not None or handled.rebootstrap is not Action.NONE:
-            await self.services.backend.observed(handled, conn)
-        if handled.close_after:
-            self.writer.close_after_flush = True
-        if handled.body is None or handled.body is body:
-            return None
-        return _SIZE.pack(len(handled.body)) + bytes(handled.body)

@@ -1,0 +1,130 @@
+"""A session's response side: the task that reads its upstream connection.
+
+Each response is matched to its request's slot (``kproxy.inflight``) and either
+relayed as received, passed through as it arrives (a large one nobody must see
+whole: cut-through, one receive buffer whatever its size), or handed whole to the
+connection's state (``policies.connection``) to be rewritten. What the state decides
+about the backend (a changed broker set, a rebootstrap) goes to the proxy-wide
+``BackendService``; the session only applies the rest.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+import trio
+
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.peek import peek_correlation_id
+from kproxy.errors import PeerGone, ProtocolViolation, SessionClosed
+from kproxy.inflight import Slot
+from kproxy.memory import Charge
+from kproxy.policies.rebootstrap import Action
+from kproxy.session_guard import TaskGuard
+from kproxy.transport import Transport
+
+if TYPE_CHECKING:
+    from kproxy.session import Session
+
+_SIZE = struct.Struct(">i")
+RECV_BYTES = 256 * 1024
+# A response frame larger than this that is not complete in what was received is
+# passed through (or, when it must be rewritten, received in place).
+LARGE_FRAME = RECV_BYTES
+
+
+async def relay_responses(session: Session, upstream: Transport) -> None:
+    """Read responses until the upstream connection ends (which ends the session)."""
+    with TaskGuard(session):
+        reader = FrameReader(session.config.max_frame_bytes)
+        charge = Charge(session.services.budget)
+        try:
+            while True:
+                if not reader.held():
+                    await charge.wait_for_room()
+                n = upstream.fill_now(reader, RECV_BYTES)
+                if n is None:
+                    n = await upstream.fill(reader, RECV_BYTES)
+                if not n:
+                    session.services.events.upstream_lost(session.conn,
+                                                          "broker closed the connection")
+                    raise PeerGone("upstream closed the connection")
+                charge.settle(reader.held())
+                try:
+                    await _handle_responses(session, reader)
+                    await session.writer.flush()
+                    charge.settle(reader.held())
+                    await _handle_pending(session, upstream, reader, charge)
+                except (CodecError, ProtocolViolation) as exc:
+                    session.services.events.decode_error("response", "frame", exc,
+                                                         session.conn)
+                    raise SessionClosed(str(exc)) from None
+                charge.settle(reader.held())
+        finally:
+            charge.release()
+
+
+async def _handle_responses(session: Session, reader: FrameReader) -> None:
+    frames = reader.wire_frames()
+    if frames:
+        session.last_activity = trio.current_time()
+    ordered = session.ordered
+    for frame in frames:
+        slot = ordered.next_upstream(peek_correlation_id(frame.body))
+        if slot is None:
+            session.services.metrics.stray_responses.inc()
+            continue
+        slot.wire = await _process_response(session, slot, frame.body) or frame
+
+
+async def _handle_pending(session: Session, upstream: Transport, reader: FrameReader,
+                          charge: Charge) -> None:
+    """A large response has started and is not complete: pass it through, or receive
+    it whole in place when it must be rewritten (its size reserved first)."""
+    pending = reader.pending()
+    if pending is None or pending[0] < LARGE_FRAME or len(pending[1]) < 8:
+        return
+    total, head = pending
+    ordered = session.ordered
+    slot = ordered.peek_upstream(peek_correlation_id(head[4:]))
+    if (slot is not None and ordered.is_next(slot)
+            and not session.conn.wants_response(slot.api_key, slot.api_version)):
+        await _pass_through(session, upstream, reader, charge, slot)
+        return
+    # To rewrite, or behind a local answer still being made, or a stray answer.
+    await charge.reserve_to(total)
+    reader.open_in_place()
+
+
+async def _pass_through(session: Session, upstream: Transport, reader: FrameReader,
+                        charge: Charge, slot: Slot) -> None:
+    """Relay the pending frame to the client as its bytes arrive (cut-through)."""
+    session.ordered.next_upstream(slot.correlation_id)
+    session.ordered.pop_head(slot)
+    parts, rest = reader.take_partial()
+    session.conn.observe_head(slot.api_key, slot.api_version, parts)
+    try:
+        await session.writer.relay(slot, parts, upstream, rest, charge, RECV_BYTES)
+    except PeerGone:
+        session.services.events.upstream_lost(session.conn, "broker closed the connection "
+                                              "mid-response")
+        raise
+    session.last_activity = trio.current_time()
+
+
+async def _process_response(session: Session, slot: Slot, body: memoryview) -> bytes | None:
+    """The response to send for ``slot``: None to relay it as received."""
+    conn = session.conn
+    if not conn.wants_response(slot.api_key, slot.api_version):
+        conn.observe(slot.api_key, slot.api_version, body)
+        return None
+    handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version, body)
+    if handled.seen is not None or handled.rebootstrap is not Action.NONE:
+        await session.services.backend.observed(handled, conn)
+    if handled.close_after:
+        session.writer.close_after_flush = True
+    if handled.body is None or handled.body is body:
+        return None
+    return _SIZE.pack(len(handled.body)) + bytes(handled.body)
