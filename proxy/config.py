@@ -29,7 +29,7 @@ from kproxy.options import (
     parse_host_port,
 )
 from kproxy.policies.addressing import PortMap, SniNames
-from kproxy.policies.telemetry import (
+from kproxy.policies.telemetry_subscriptions import (
     ALL_METRICS,
     PolicyError,
     TelemetrySettings,

@@ -43,13 +43,14 @@ from kproxy.config import TelemetryConfig
 from kproxy.metrics import ProxyMetrics
 from kproxy.pacing import Pacer
 from kproxy.policies import telemetry as policy
+from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.telemetry_store import IngestStats, MetricsStore
 from kproxy.telemetry_exposition import ClientMetricsCollector
 
 log = logging.getLogger("kproxy.telemetry")
-_COMPRESSION = {v: k for k, v in policy.COMPRESSION_NAMES.items()}
+_COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
 _CORRELATION_ID = struct.Struct(">i")
 DECODE_CONCURRENCY = 1  # pushes decompressed and decoded at once, proxy-wide
 DECODE_SHARE = 0.25  # of the time (one core), for all telemetry decoding together
@@ -136,7 +137,7 @@ class TelemetryService:
             "subscription_id": inst.resolved.subscription_id if inst else 0,
             "accepted_compression_types": list(settings.compression_types),
             "push_interval_ms": inst.resolved.interval_ms if inst else
-            policy.DEFAULT_INTERVAL_MS,
+            subs.DEFAULT_INTERVAL_MS,
             "telemetry_max_bytes": settings.max_bytes,
             "delta_temporality": settings.delta_temporality,
             "requested_metrics": list(inst.resolved.requested_metrics) if inst else [],

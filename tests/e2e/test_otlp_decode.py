@@ -24,6 +24,7 @@ from kproxy.codecs.otlp_decode import (
 )
 from kproxy.pacing import Pacer
 from kproxy.policies import telemetry as t
+from kproxy.policies import telemetry_subscriptions as subs
 
 from ..hostile_pusher import bomb, varint
 from ..otlp_samples import kv, librdkafka_like_payload
@@ -178,7 +179,7 @@ def test_garbage_is_a_codec_error_not_a_crash() -> None:
 
 
 def test_the_policy_names_the_limit_a_refused_push_passed() -> None:
-    st = t.TelemetryState(t.TelemetrySettings(max_bytes=1 << 20))
+    st = t.TelemetryState(subs.TelemetrySettings(max_bytes=1 << 20))
     now = 10**9
     got = st.get_subscriptions(uuid.UUID(int=0), {}, now)
     assert got.instance is not None
@@ -186,7 +187,7 @@ def test_the_policy_names_the_limit_a_refused_push_passed() -> None:
     result = st.push(inst.instance_id, inst.resolved.subscription_id, False, 4, bomb(), {},
                      now + 1)
     assert (result.error_code, result.limit) == (t.INVALID_RECORD, "points")
-    st2 = t.TelemetryState(t.TelemetrySettings(max_decompressed_bytes=1 << 20))
+    st2 = t.TelemetryState(subs.TelemetrySettings(max_decompressed_bytes=1 << 20))
     got = st2.get_subscriptions(uuid.UUID(int=0), {}, now)
     assert got.instance is not None
     result = st2.push(got.instance.instance_id, got.instance.resolved.subscription_id, False,

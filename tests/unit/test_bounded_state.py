@@ -12,6 +12,7 @@ from kproxy.codecs import otlp
 from kproxy.logs import JsonFormatter, RateLimitedLog, TextFormatter
 from kproxy.metrics import ProxyMetrics
 from kproxy.policies import telemetry as t
+from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.telemetry_store import MAX_POINT_LABELS, MetricsStore
 
@@ -79,7 +80,7 @@ def _attrs(client_id: str) -> dict[str, str]:
 
 
 def test_telemetry_instances_are_bounded_in_bytes_with_attributes_shortened() -> None:
-    settings = t.TelemetrySettings(max_instances=100_000, max_instance_bytes=512 * 1024)
+    settings = subs.TelemetrySettings(max_instances=100_000, max_instance_bytes=512 * 1024)
     state = t.TelemetryState(settings)
     for i in range(2_000):
         got = state.get_subscriptions(uuid.UUID(int=0), _attrs(f"{i}-{LONG}"), 10**9)

@@ -8,6 +8,7 @@ import pytest
 
 from kproxy.codecs import compression
 from kproxy.policies import telemetry as t
+from kproxy.policies import telemetry_subscriptions as sub
 from kproxy.policies.telemetry_store import MetricsStore, label_name, metric_name
 
 from ..otlp_samples import librdkafka_like_payload
@@ -18,12 +19,12 @@ ATTRS = {"client_id": "app-1", "client_software_name": "confluent-kafka-python",
 ID = uuid.UUID("11111111-2222-3333-4444-555555555555")
 
 
-def subs(*entries: dict[str, object]) -> tuple[t.Subscription, ...]:
-    return t.parse_subscriptions(entries)
+def subs(*entries: dict[str, object]) -> tuple[sub.Subscription, ...]:
+    return sub.parse_subscriptions(entries)
 
 
-def settings(*entries: dict[str, object], **kw: object) -> t.TelemetrySettings:
-    return t.TelemetrySettings(subscriptions=subs(*entries), **kw)  # type: ignore[arg-type]
+def settings(*entries: dict[str, object], **kw: object) -> sub.TelemetrySettings:
+    return sub.TelemetrySettings(subscriptions=subs(*entries), **kw)  # type: ignore[arg-type]
 
 
 def test_union_of_matching_subscriptions_and_smallest_interval() -> None:
@@ -34,31 +35,31 @@ def test_union_of_matching_subscriptions_and_smallest_interval() -> None:
          "match": {"client_id": "app-\\d+", "client_source_address": "10\\..*"}},
         {"name": "other", "metrics": ["x"], "interval_ms": 100, "match": {"client_id": "app"}},
     )
-    r = t.resolve(s, ID, ATTRS)
+    r = sub.resolve(s, ID, ATTRS)
     assert r.requested_metrics == ("org.apache.kafka.consumer.fetch",
                                    "org.apache.kafka.producer.")
     assert r.interval_ms == 2000  # "other" needs a full match of client_id: it does not apply
 
 
 def test_star_means_all_and_no_match_means_nothing() -> None:
-    everything = t.resolve(settings({"metrics": ["*", "a"], "interval_ms": 1000}), ID, ATTRS)
+    everything = sub.resolve(settings({"metrics": ["*", "a"], "interval_ms": 1000}), ID, ATTRS)
     assert everything.requested_metrics == ("*",)  # the broker's wire form for "all"
     # The empty prefix, which older policy files may hold, means all too.
-    legacy = t.resolve(settings({"metrics": ["", "a"], "interval_ms": 1000}), ID, ATTRS)
+    legacy = sub.resolve(settings({"metrics": ["", "a"], "interval_ms": 1000}), ID, ATTRS)
     assert legacy.requested_metrics == ("*",)
     assert legacy.subscription_id == everything.subscription_id
-    nothing = t.resolve(settings({"metrics": ["a"], "match": {"client_id": "other"}}), ID, ATTRS)
-    assert nothing.requested_metrics == () and nothing.interval_ms == t.DEFAULT_INTERVAL_MS
+    nothing = sub.resolve(settings({"metrics": ["a"], "match": {"client_id": "other"}}), ID, ATTRS)
+    assert nothing.requested_metrics == () and nothing.interval_ms == sub.DEFAULT_INTERVAL_MS
 
 
 def test_subscription_id_is_deterministic_and_tracks_config_and_instance() -> None:
     a = settings({"metrics": ["*"], "interval_ms": 1000})
-    assert t.resolve(a, ID, ATTRS).subscription_id == t.resolve(a, ID, ATTRS).subscription_id
-    other_instance = t.resolve(a, uuid.UUID(int=7), ATTRS).subscription_id
-    assert other_instance != t.resolve(a, ID, ATTRS).subscription_id
+    assert sub.resolve(a, ID, ATTRS).subscription_id == sub.resolve(a, ID, ATTRS).subscription_id
+    other_instance = sub.resolve(a, uuid.UUID(int=7), ATTRS).subscription_id
+    assert other_instance != sub.resolve(a, ID, ATTRS).subscription_id
     b = settings({"metrics": ["*"], "interval_ms": 2000})
-    assert t.resolve(b, ID, ATTRS).subscription_id != t.resolve(a, ID, ATTRS).subscription_id
-    assert -(2**31) <= t.resolve(a, ID, ATTRS).subscription_id < 2**31
+    assert sub.resolve(b, ID, ATTRS).subscription_id != sub.resolve(a, ID, ATTRS).subscription_id
+    assert -(2**31) <= sub.resolve(a, ID, ATTRS).subscription_id < 2**31
 
 
 @pytest.mark.parametrize(("entry", "needle"), [
@@ -69,8 +70,8 @@ def test_subscription_id_is_deterministic_and_tracks_config_and_instance() -> No
     ({"metrics": ["*"], "intervl_ms": 5}, "unknown field"),
 ])
 def test_bad_subscriptions_are_named(entry: dict[str, object], needle: str) -> None:
-    with pytest.raises(t.PolicyError, match=needle):
-        t.parse_subscriptions([{"name": "s1", **entry}])
+    with pytest.raises(sub.PolicyError, match=needle):
+        sub.parse_subscriptions([{"name": "s1", **entry}])
 
 
 def _state(**kw: object) -> t.TelemetryState:
