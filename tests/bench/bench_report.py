@@ -18,6 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rebootstrap_row
+import relay_ab
 import telemetry_ab
 import workers_row
 from bench_measure import Path_
@@ -31,7 +32,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
 
     ``meta``: smoke, reps, counts, elapsed, fd_hard, n1k, n100. ``sections``: what was
     measured apart from the paths (telemetry_ab, telemetry, scrape, rebootstrap,
-    workers); any of them may be missing in a run saved by an older version."""
+    workers, relay_ab); any of them may be missing in a run saved by an older version."""
     direct = paths[0]
     counts, n1k, n100 = meta["counts"], meta["n1k"], meta["n100"]
     tel_ab = sections.get("telemetry_ab")
@@ -107,6 +108,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
               "the largest count measurable here.", ""]
     lines += telemetry_ab.section(tel_ab, sections.get("telemetry"))
     lines += workers_row.section(sections.get("workers"))
+    lines += relay_ab.section(sections.get("relay_ab"))
     lines += scrape_section(sections.get("scrape") or [])
     lines += rebootstrap_row.section(sections.get("rebootstrap"))
     lines += ratio_table(paths, counts, tel_ab, sections.get("workers"))

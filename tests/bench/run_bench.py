@@ -27,6 +27,7 @@ from tests.support import stop_process as stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rebootstrap_row  # noqa: E402
+import relay_ab  # noqa: E402
 import telemetry_ab  # noqa: E402
 import workers_row  # noqa: E402
 from bench_measure import (  # noqa: E402
@@ -52,8 +53,10 @@ def main() -> int:
     parser.add_argument("--only-scrape", action="store_true",
                         help="run only the /metrics scrape workload; its rows replace "
                         "those in --json and the report is rewritten from it")
-    parser.add_argument("--only", choices=["rebootstrap", "workers"],
+    parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab"],
                         help="run only this part and put its section into the existing report")
+    parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
+                        help="the commit --only relay-ab compares this tree's relay with")
     parser.add_argument("--rebootstrap-runs", type=int, default=3,
                         help="runs of five blue/green swaps for the rebootstrap section")
     parser.add_argument("--workers-compare", default="1,2",
@@ -192,7 +195,8 @@ def main() -> int:
             b.stop()
     # Each of these starts its own brokers and proxies.
     sections = {"scrape": scrapes, "telemetry_ab": measure_telemetry(args, work),
-                "workers": measure_workers(args, work, reps, n1k)}
+                "workers": measure_workers(args, work, reps, n1k),
+                "relay_ab": measure_relay(args, work, reps)}
     # The smoke run swaps once with one client: the code path, not a figure.
     sections["rebootstrap"] = (
         rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
@@ -210,6 +214,12 @@ def measure_telemetry(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             else telemetry_ab.measure(work, 3, 8.0, 2000, args.telemetry_baseline))
 
 
+def measure_relay(args: argparse.Namespace, work: Path, reps: int) -> dict[str, Any]:
+    """This tree's relay against the baseline's: a round per repetition."""
+    return relay_ab.measure(work, reps, 2000 if args.smoke else 100_000,
+                            args.relay_baseline, 1.0 if args.smoke else 3.0)
+
+
 def measure_workers(args: argparse.Namespace, work: Path, reps: int,
                     n1k: int) -> dict[str, Any]:
     """Each client sends (and reads back) half a produce 1 KB workload: with four
@@ -224,7 +234,7 @@ def report_from_json(args: argparse.Namespace) -> int:
     data = json.loads(Path(args.from_json).read_text())
     meta = data.pop("_meta")
     sections = {key: data.pop(key) for key in
-                ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers")
+                ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers", "relay_ab")
                 if key in data}
     alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
     if sections.get("rebootstrap") is None and alone.exists():  # --only rebootstrap
@@ -245,18 +255,26 @@ def only(args: argparse.Namespace) -> int:
         lines, heading = rebootstrap_row.section(data), rebootstrap_row.HEADING
         Path(args.json).with_name("benchmarks-rebootstrap.json").write_text(
             json.dumps(data, indent=1))
+    elif args.only == "relay-ab":
+        data = measure_relay(args, work, 1 if args.smoke else args.reps)
+        lines, heading = relay_ab.section(data), relay_ab.HEADING
+        save_section(Path(args.json), "relay_ab", data)
     else:
         data = measure_workers(args, work, 1 if args.smoke else args.reps,
                                2000 if args.smoke else 250_000)
         lines, heading = workers_row.section(data), workers_row.HEADING
-        saved = Path(args.json)
-        if saved.exists():
-            run = json.loads(saved.read_text())
-            run["workers"] = data
-            saved.write_text(json.dumps(run, indent=1))
+        save_section(Path(args.json), "workers", data)
     splice(Path(args.out), heading, lines)
     print("\n".join(lines))
     return 0
+
+
+def save_section(saved: Path, key: str, data: dict[str, Any]) -> None:
+    """Into the saved run, if there is one, so that --from-json keeps the section."""
+    if saved.exists():
+        run = json.loads(saved.read_text())
+        run[key] = data
+        saved.write_text(json.dumps(run, indent=1))
 
 
 def only_scrape(args: argparse.Namespace) -> int:

@@ -28,7 +28,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     for section in ("## Throughput", "## Latency at 1,000 requests/s", "## Proxy cost",
                     "## Telemetry termination", "## kproxy workers: --workers 1 against "
                     "--workers 2", "## Rebootstrap", "## Ratios to compare across machines",
-                    "## Targets", "## Scaling"):
+                    "## Targets", "## Scaling",
+                    "## Relay against the last commit before the sans-IO core"):
         assert section in text
     # Issue 19's targets, each with a verdict (a smoke run's figures decide nothing, but
     # every one is measured: no "-").
@@ -63,6 +64,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert ab["base"][0]["pushes_s"] > 0 and ab["base"][0]["refused"] == 0
     assert "/telemetry-baseline/src/proxy/" in ab["base_import"]
     assert str(ROOT / "proxy") in ab["current_import"]
+    relay = results["relay_ab"]
+    assert "error" not in relay and relay["baseline_commit"].startswith("d1cc828")
+    assert "/relay-baseline/src/proxy/" in relay["base_import"]
+    for side in ("current", "base"):
+        assert [r["produce_mb_s"] > 0 and r["consume_mb_s"] > 0 for r in relay[side]] == [True]
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):
