@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
@@ -137,3 +139,20 @@ def _random_value(rnd: random.Random, depth: int) -> AnyValue:
         value.kvlist_value.values.extend(KeyValue(key="k", value=_random_value(rnd, depth + 1))
                                          for _ in range(rnd.randint(0, 2)))
     return value
+
+
+def real_payloads() -> list[bytes]:
+    """The decompressed OTLP payloads of the PushTelemetry requests librdkafka sent in
+    the captured vectors (tests/vectors/librdkafka-telemetry.jsonl)."""
+    from kproxy.codecs import compression
+    from kproxy.codecs.messages import decode_request
+
+    path = Path(__file__).parent / "vectors" / "librdkafka-telemetry.jsonl"
+    out = []
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["api_key"] == 72 and row["direction"] == "request":
+            body = decode_request(bytes.fromhex(row["hex"])).body
+            out.append(compression.decompress(body["compression_type"], body["metrics"],
+                                              1 << 24))
+    return out

@@ -9,24 +9,19 @@ in a shuffled order. Ratios are taken per round, then their median and spread: t
 spread of the ratios is the run's noise, and "within noise" means the median ratio
 lies inside it.
 
-The baseline is exported and proven the way ``telemetry_ab`` does it.
+How the baseline is exported, run and proven is ``baseline_ab``.
 """
 
 from __future__ import annotations
 
-import random
 import statistics
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
 
+from baseline_ab import side_by_side
 from bench_measure import Path_, create_topic, workload
 from bench_stats import fmt
-from telemetry_ab import ROOT, export, launch, this_tree
-
-from kproxy.embedded_broker import TansuBroker
-from tests.support import stop_process
 
 # The last commit before the sans-IO connection core (ca55cc3) that runs: its child
 # 31e8050 lost proxy/local_answers.py, which its server still imports. The telemetry
@@ -55,43 +50,9 @@ def one_round(side: Path_, count: int, meta_s: float) -> dict[str, float]:
 def measure(work: Path, rounds: int, count: int, baseline: str = BASELINE,
             meta_s: float = 3.0) -> dict[str, Any]:
     """Per side, one ``one_round`` result per round; the proof of what ran."""
-    out: dict[str, Any] = {"baseline": baseline, "current": [], "base": [], "count": count,
-                           "meta_s": meta_s}
-    folder = work / "relay-baseline"
-    try:
-        full, src = export(baseline, folder)
-    except (subprocess.CalledProcessError, OSError, KeyError) as exc:
-        err = exc.stderr.decode() if isinstance(exc, subprocess.CalledProcessError) else exc
-        out["error"] = f"could not export {baseline}: {str(err).strip()[:300]}"
-        return out
-    out.update(baseline_commit=full, current_commit=this_tree())
-    sides: list[Path_] = []
-    with TansuBroker(log_path=work / "broker-relay-ab.log") as broker:
-        try:
-            current, out["current_import"] = launch("current", broker.bootstrap, work, None,
-                                                    ["--workers", "1"])
-            sides.append(current)
-            base, out["base_import"] = launch("base", broker.bootstrap, work,
-                                              folder / "site", [])
-            sides.append(base)
-            if (str(src.resolve()) not in out["base_import"]
-                    or str(ROOT) not in out["current_import"]):
-                raise RuntimeError(f"not the code meant: {out['current_import']!r}, "
-                                   f"{out['base_import']!r}")
-            rnd = random.Random(5)
-            for r in range(rounds):
-                order = [current, base]
-                rnd.shuffle(order)
-                for side in order:
-                    result = one_round(side, count, meta_s)
-                    out[side.name].append(result)
-                    print(f"relay round {r + 1}/{rounds} {side.name:8} " + ", ".join(
-                        f"{k} {v:.2f}" for k, v in result.items()), flush=True)
-        finally:
-            for side in sides:
-                if side.process is not None:
-                    stop_process(side.process)
-    return out
+    return side_by_side(work, "relay", baseline, rounds,
+                        lambda side: one_round(side, count, meta_s),
+                        {"count": count, "meta_s": meta_s})
 
 
 def ratios(data: dict[str, Any], key: str) -> list[float]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from kproxy.policies import telemetry as t
 from kproxy.policies import telemetry_subscriptions as subs
 
 from ..hostile_pusher import bomb, varint
-from ..otlp_samples import kv, librdkafka_like_payload
+from ..otlp_samples import kv, librdkafka_like_payload, real_payloads
 
 
 def reference(payload: bytes) -> list[otlp.ResourceMetrics]:
@@ -57,20 +56,6 @@ def reference(payload: bytes) -> list[otlp.ResourceMetrics]:
     return out
 
 
-def _real_payloads() -> list[bytes]:
-    from kproxy.codecs.messages import decode_request
-
-    path = Path(__file__).parent.parent / "vectors" / "librdkafka-telemetry.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row["api_key"] == 72 and row["direction"] == "request":
-            body = decode_request(bytes.fromhex(row["hex"])).body
-            out.append(compression.decompress(body["compression_type"], body["metrics"],
-                                              1 << 24))
-    return out
-
-
 def _mixed_payload() -> bytes:
     md = metrics_pb2.MetricsData()
     for r in range(2):
@@ -92,7 +77,7 @@ def _mixed_payload() -> bytes:
 
 
 @pytest.mark.parametrize("payload", [librdkafka_like_payload(points=5), _mixed_payload(),
-                                     *_real_payloads()])
+                                     *real_payloads()])
 def test_the_stepped_decode_equals_a_whole_message_parse(payload: bytes) -> None:
     assert decode_metrics_data(payload) == reference(payload)
 

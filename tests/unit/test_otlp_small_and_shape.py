@@ -8,40 +8,25 @@ past every limit.
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy.codecs import compression, otlp, otlp_shape
+from kproxy.codecs import otlp, otlp_shape
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.messages import decode_request
 from kproxy.codecs.otlp_decode import DEFAULT_LIMITS, DecodeLimits, decode_metrics_data
 from kproxy.codecs.otlp_shape import RecentShapes, shape_of
 from kproxy.codecs.otlp_small import SMALL_POINTS, decode_small
 
 from ..hostile_pusher import varint
-from ..otlp_samples import kv, librdkafka_like_payload, random_metrics_data
+from ..otlp_samples import kv, librdkafka_like_payload, random_metrics_data, real_payloads
 
 TIGHT = DecodeLimits(max_points=6, max_metrics=4, max_fields=500, max_attributes=2,
                      max_point_bytes=4096, max_buckets=3)
 MANY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def real_payloads() -> list[bytes]:
-    path = Path(__file__).parent.parent / "vectors" / "librdkafka-telemetry.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row["api_key"] == 72 and row["direction"] == "request":
-            body = decode_request(bytes.fromhex(row["hex"])).body
-            out.append(compression.decompress(body["compression_type"], body["metrics"],
-                                              1 << 24))
-    return out
 
 
 def stepped(raw: bytes, limits: DecodeLimits) -> list[otlp.ResourceMetrics] | None:
