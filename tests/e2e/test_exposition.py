@@ -8,7 +8,9 @@ with back-to-back scrapes, in one run.
 
 from __future__ import annotations
 
+import gc
 import gzip
+import math
 import struct
 import threading
 import time
@@ -22,6 +24,7 @@ from prometheus_client.core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
+from prometheus_client.utils import floatToGoString
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.otlp import decode_metrics_data
@@ -30,7 +33,7 @@ from kproxy.exposition import Exposition
 from kproxy.metrics import ProxyMetrics
 from kproxy.server import Proxy
 from kproxy.telemetry import TelemetryService
-from kproxy.telemetry_exposition import ClientMetricsCollector
+from kproxy.telemetry_exposition import ClientMetricsCollector, _value_text
 
 from ..otlp_samples import librdkafka_like_payload
 from ..scrape_load import fill_series, metric_value, scrape
@@ -107,6 +110,35 @@ async def test_sliced_exposition_matches_prometheus_client() -> None:
             assert len(got) == 300 * (1 + 20 + 5)  # counter, 20 gauges, histogram lines
             assert text.count("# TYPE org_apache_kafka_producer_record_queue_time ") == 1
             assert text.endswith("# EOF\n") == openmetrics
+
+
+def test_value_text_is_prometheus_float_text() -> None:
+    values = [0.0, -0.0, 1.0, 0.1, 1e-7, 3.14159, 999_999.9, 1e6, 1_234_567.0, 2.0**53,
+              1e16, 1e300, -1.5, -5e6, -1e300, math.inf, -math.inf, math.nan]
+    assert [_value_text(v) for v in values] == [floatToGoString(v) for v in values]
+
+
+async def test_label_text_is_kept_and_a_scrape_reads_as_the_first() -> None:
+    metrics, service = _filled_service(instances=30, points=5)
+    exposition = Exposition(metrics.registry, metrics.piece_sources)
+
+    async def client_lines() -> list[str]:
+        body = b"".join((await exposition.response({})).parts or [])
+        return [ln for ln in body.decode().splitlines() if ln.startswith("org_apache")]
+
+    first = await client_lines()
+    assert all(s.head for own in service.store.series.values() for s in own.values())
+    assert await client_lines() == first
+    assert gc.isenabled(), "a scrape left the garbage collector paused"
+    iid = uuid.UUID(int=1000)  # a new instance: its series get their text in this scrape
+    service.store.max_series *= 2
+    service.store.ingest(iid, {"client_instance_id": str(iid), "client_id": 'new "one"',
+                               "client_software_name": "librdkafka",
+                               "client_software_version": "2.16.1"},
+                         decode_metrics_data(librdkafka_like_payload(points=5)), False)
+    again = await client_lines()
+    assert set(first) < set(again) and len(again) == len(first) * 31 // 30
+    assert f'client_instance_id="{iid}",client_id="new \\"one\\""' in "\n".join(again)
 
 
 async def test_concurrent_scrapes_share_one_production() -> None:
