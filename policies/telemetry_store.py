@@ -19,7 +19,7 @@ import functools
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
 from typing import Literal, cast
 
@@ -41,7 +41,8 @@ _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 DEFAULT_MAX_SERIES_BYTES = 32 * 1024 * 1024  # estimated, see series_size
 DEFAULT_MAX_FAMILIES = 10_000
 MAX_POINT_LABELS = 32  # attributes of one point that become labels; the rest are dropped
-SERIES_OVERHEAD = 400  # bytes per series beside its label strings
+SERIES_OVERHEAD = 400  # bytes per series beside its label strings and their text
+TAIL_OVERHEAD = 50  # a string's header: the series' attributes as exposition text
 STEP_POINTS = 32  # points ingested between two yields of MetricsStore.ingest_steps
 
 
@@ -78,11 +79,22 @@ def label_value(value: otlp.AttrValue) -> str:
 
 @dataclass(slots=True)  # one per client series: no per-object dict
 class Series:
+    """One series' values, and its labels as exposition text once a scrape wrote it.
+
+    A series' labels never change, so the text is made once (``head``: the instance's
+    labels, one string shared by the instance's series; ``tail``: the point's own
+    attributes, with a leading comma) and a scrape only formats values. Only floats
+    and strings: besides the object itself, nothing here is tracked by the cyclic
+    garbage collector, whose full collections walk every tracked object.
+    """
+
     value: float = 0.0
     count: float = 0.0  # histograms
     sum: float = 0.0
     bounds: tuple[float, ...] = ()
-    buckets: list[float] = field(default_factory=list)  # per bucket, not cumulative
+    buckets: tuple[float, ...] = ()  # per bucket, not cumulative
+    head: str = ""  # "" until a scrape wrote the series
+    tail: str = ""
 
     def cumulative_buckets(self) -> list[tuple[str, float]]:
         out, running = [], 0.0
@@ -134,8 +146,13 @@ class IngestStats:
 
 
 def series_size(key: tuple[str, Labels]) -> int:
-    """Estimated bytes one series holds: its labels and a fixed overhead."""
-    return SERIES_OVERHEAD + len(key[0]) + sum(map(len, chain.from_iterable(key[1])))
+    """Estimated bytes one series holds: its labels, their exposition text and a fixed
+    overhead. Of the text, the attributes' part (``Series.tail``) is the series' own;
+    the instance's part is one string per instance, already paid for by counting the
+    instance's label strings in each of its series, which share them."""
+    attrs = key[1][len(INSTANCE_LABELS):]
+    return (SERIES_OVERHEAD + len(key[0]) + sum(map(len, chain.from_iterable(key[1])))
+            + TAIL_OVERHEAD + sum(len(k) + len(v) + 4 for k, v in attrs))
 
 
 class MetricsStore:
@@ -321,9 +338,9 @@ def _histogram(series: Series, point: otlp.HistogramPoint, accumulate: bool) -> 
     if len(counts) != len(bounds) + 1:
         counts = (counts + [0.0] * (len(bounds) + 1))[: len(bounds) + 1]
     if accumulate and series.bounds == bounds and series.buckets:
-        series.buckets = [a + b for a, b in zip(series.buckets, counts, strict=True)]
+        series.buckets = tuple(a + b for a, b in zip(series.buckets, counts, strict=True))
         series.count += point.count
         series.sum += point.sum or 0.0
     else:
-        series.bounds, series.buckets = bounds, counts
+        series.bounds, series.buckets = bounds, tuple(counts)
         series.count, series.sum = float(point.count), point.sum or 0.0

@@ -8,11 +8,20 @@ librdkafka's (a counter, a histogram and a gauge per broker node), so it exports
 
 from __future__ import annotations
 
+import itertools
+import json
 import socket
+import statistics
 import struct
+import subprocess
+import sys
+import threading
 import time
 import urllib.request
 import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
 
 from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.messages import decode_response
@@ -63,12 +72,28 @@ def fill_series(bootstrap: str, instances: int, per_instance: int) -> None:
 
 def scrape(http_port: int, gzip: bool = True, timeout: float = 300) -> tuple[float, int]:
     """One /metrics scrape as Prometheus makes it: (seconds, bytes received)."""
+    seconds, body = scrape_body(http_port, gzip, timeout)
+    return seconds, len(body)
+
+
+def scrape_body(http_port: int, gzip: bool = True, timeout: float = 300
+                ) -> tuple[float, bytes]:
     req = urllib.request.Request(f"http://127.0.0.1:{http_port}/metrics",
                                  headers={"accept-encoding": "gzip"} if gzip else {})
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        n = len(resp.read())
-    return time.perf_counter() - t0, n
+        body = resp.read()
+    return time.perf_counter() - t0, body
+
+
+def own_gauge(gzip_body: bytes, name: str) -> float:
+    """A gauge of the proxy's own from a gzip scrape, without inflating all of it: the
+    proxy's own metrics come first, before any client telemetry."""
+    head = zlib.decompressobj(31).decompress(gzip_body, 4 << 20).decode(errors="replace")
+    for line in head.splitlines():
+        if line.split(" ", 1)[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
 
 
 def metric_value(http_port: int, name: str) -> float:
@@ -78,3 +103,132 @@ def metric_value(http_port: int, name: str) -> float:
             if line.split("{", 1)[0].split(" ", 1)[0] == name:
                 return float(line.rsplit(" ", 1)[1])
     raise KeyError(name)
+
+
+# ----------------------------------------------------------------------------- relay cost
+
+
+def produce_trace(bootstrap: str, topic: str, rate: int) -> None:
+    """A producer at a fixed rate (acks=1, one message per request) until its stdin
+    closes: prints ``ready``, then at the end one JSON list of [sent, latency]
+    (perf_counter: system-wide monotonic, so the driver can place each sample in its
+    windows).
+
+    Run in a process of its own (``python -m tests.scrape_load``), so its timing shares
+    no interpreter with the scraper or the driver.
+    """
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
+    p.produce(topic, b"warm")
+    assert p.flush(30) == 0
+    sent: list[float] = []
+    out: list[tuple[float, float]] = []
+
+    def report(err: object, msg: object) -> None:
+        assert err is None, err
+        at = sent[int(msg.value())]  # type: ignore[attr-defined]
+        out.append((at, time.perf_counter() - at))
+
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    print("ready", flush=True)
+    start = time.perf_counter()
+    for i in itertools.count():
+        if stop.is_set():
+            break
+        due = start + i / rate
+        while (now := time.perf_counter()) < due:
+            p.poll(min(0.0005, due - now))
+        sent.append(time.perf_counter())
+        p.produce(topic, str(i).encode(), on_delivery=report)
+        p.poll(0)
+    assert p.flush(30) == 0
+    print(json.dumps(out), flush=True)
+
+
+@dataclass
+class RelayCost:
+    """Producer latency in alternating windows without and during scrapes."""
+
+    baseline_p99: list[float]  # per round, seconds
+    during_p99: list[float]
+    slowest: float  # the slowest delivery sent while a scrape was running
+    scrapes: list[float]  # each scrape's wall time
+    body_bytes: int  # the last scrape's response
+    held_cpu: list[float]  # kproxy_scrape_longest_slice_cpu_seconds after each scrape
+
+    @property
+    def ratios(self) -> list[float]:
+        return [d / b for b, d in zip(self.baseline_p99, self.during_p99, strict=True)]
+
+    @property
+    def ratio(self) -> float:
+        """The median of the per-round ratios: each round's two windows share the
+        machine's state of the moment, and one disturbed round does not decide."""
+        return statistics.median(self.ratios)
+
+    def summary(self) -> str:
+        pairs = [(round(b * 1e3, 2), round(d * 1e3, 2))
+                 for b, d in zip(self.baseline_p99, self.during_p99, strict=True)]
+        return (f"producer p99 without / during scrapes (ms), per round: {pairs}; median ratio "
+                f"{self.ratio:.2f}; slowest during a scrape {self.slowest * 1e3:.1f} ms; "
+                f"scrapes {[round(s, 2) for s in self.scrapes]} s; longest slice (CPU) "
+                f"{max(self.held_cpu, default=0) * 1e3:.2f} ms")
+
+
+def _p99(samples: list[float]) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(0.99 * len(s)))]
+
+
+def relay_cost(bootstrap: str, http_port: int, topic: str, rounds: int = 5,
+               window: float = 3.0, rate: int = 1000) -> RelayCost:
+    """Producer p99 in ``rounds`` pairs of windows: ``window`` s without scrapes, then
+    scrapes back to back (gzip) for at least ``window`` s, each round's pair compared.
+
+    One producer runs throughout, so both windows share its connections and the
+    machine's load of the moment; a delivery counts as during a scrape if it was sent
+    while one was being produced, as baseline if sent in a quiet window.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "tests.scrape_load", bootstrap, topic,
+                             str(rate)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # past the producer's first requests
+        quiet: list[tuple[float, float]] = []
+        busy: list[list[tuple[float, float]]] = []
+        body = b""
+        held: list[float] = []  # each value is of the scrape before: the first is 0 or so
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            time.sleep(window)
+            quiet.append((t0, time.perf_counter()))
+            busy.append([])
+            until = time.perf_counter() + window
+            while time.perf_counter() < until:
+                s0 = time.perf_counter()
+                body = scrape_body(http_port)[1]
+                busy[-1].append((s0, time.perf_counter()))
+                held.append(own_gauge(body, "kproxy_scrape_longest_slice_cpu_seconds"))
+        proc.stdin.close()  # the producer stops, flushes and prints its samples
+        samples = [tuple(x) for x in json.loads(proc.stdout.read())]
+    finally:
+        proc.kill()
+        proc.wait()
+    base: list[float] = []
+    during: list[float] = []
+    slowest = 0.0
+    for (q0, q1), intervals in zip(quiet, busy, strict=True):
+        base.append(_p99([lat for at, lat in samples if q0 <= at < q1]))
+        lats = [lat for at, lat in samples if any(s0 <= at < s1 for s0, s1 in intervals)]
+        during.append(_p99(lats))
+        slowest = max(slowest, max(lats))
+    return RelayCost(base, during, slowest, [e - s for r in busy for s, e in r], len(body),
+                     held)
+
+
+if __name__ == "__main__":
+    produce_trace(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -229,22 +229,24 @@ def telemetry_pushes(bootstrap: str, kproxy: Path_, seconds: float,
 
 
 SCRAPE_SIZES = (10_000, 100_000, 250_000)
+SCRAPE_WINDOW = 3.0  # seconds per window, without and with scrapes
 SERIES_PER_INSTANCE = 250
 
 
 def scrape_under_load(broker: str, work: Path, sizes: tuple[int, ...],
-                      seconds: float) -> list[dict[str, float]]:
+                      window: float, rounds: int = 5) -> list[dict[str, float]]:
     """/metrics at growing numbers of client series: how long a scrape takes, and the
     relay's produce p99 without scrapes and while scrapes run back to back.
 
     A kproxy of its own (series cap 250,000) is filled through real telemetry
-    requests (tests/scrape_load.py: 250 series per client instance); the producer
-    is the produce_latency workload in its own process; the scraper asks for gzip
-    as Prometheus does.
+    requests (tests/scrape_load.py: 250 series per client instance); the scraper asks
+    for gzip as Prometheus does. The producer (1,000 single-message ``acks=1``
+    requests a second) runs in its own process through ``rounds`` pairs of windows,
+    ``window`` s without scrapes then scrapes back to back (``relay_cost``); the
+    ratio is the median of the rounds' ratios, each round's two windows sharing the
+    machine's state of the moment.
     """
-    import threading
-
-    from tests.scrape_load import fill_series, metric_value, scrape
+    from tests.scrape_load import fill_series, metric_value, relay_cost, scrape
 
     port, http, base = free_port(), free_port(), free_port()
     proc = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
@@ -267,30 +269,17 @@ def scrape_under_load(broker: str, work: Path, sizes: tuple[int, ...],
             row = {"series": metric_value(http, "kproxy_telemetry_series"),
                    "scrape_s": statistics.median(t for t, _ in idle),
                    "gzip_mb": idle[-1][1] / 1e6,
-                   "longest_slice_ms": 1000 * metric_value(
-                       http, "kproxy_scrape_longest_slice_seconds")}
-            before = workload("produce_latency", bootstrap, rate=1000, seconds=seconds,
-                              topic="scrape-lat")
-            stop = threading.Event()
-            during_scrapes: list[float] = []
-
-            def scraper(stop: threading.Event = stop,
-                        out: list[float] = during_scrapes) -> None:
-                while not stop.is_set():
-                    out.append(scrape(http)[0])
-
-            thread = threading.Thread(target=scraper)
-            thread.start()
-            try:
-                during = workload("produce_latency", bootstrap, rate=1000, seconds=seconds,
-                                  topic="scrape-lat")
-            finally:
-                stop.set()
-                thread.join(600)
-            row.update(p99_ms=before["p99_ms"], p99_scrape_ms=during["p99_ms"],
-                       p50_ms=before["p50_ms"], p50_scrape_ms=during["p50_ms"],
-                       scrape_busy_s=statistics.median(during_scrapes or [0.0]),
-                       scrapes=len(during_scrapes))
+                   "longest_slice_cpu_ms": 1000 * metric_value(
+                       http, "kproxy_scrape_longest_slice_cpu_seconds"),
+                   "rss_mb": Path_("kproxy", bootstrap, proc).rss_mb()}
+            cost = relay_cost(bootstrap, http, "scrape-lat", rounds, window, rate=1000)
+            row.update(p99_ms=1000 * statistics.median(cost.baseline_p99),
+                       p99_scrape_ms=1000 * statistics.median(cost.during_p99),
+                       ratio=cost.ratio, ratio_min=min(cost.ratios),
+                       ratio_max=max(cost.ratios), rounds=rounds, window_s=window,
+                       slowest_ms=1000 * cost.slowest,
+                       scrape_busy_s=statistics.median(cost.scrapes),
+                       scrapes=len(cost.scrapes))
             rows.append(row)
             print(f"scrape {json.dumps({k: round(v, 3) for k, v in row.items()})}",
                   flush=True)

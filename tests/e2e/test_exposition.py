@@ -8,10 +8,10 @@ with back-to-back scrapes, in one run.
 
 from __future__ import annotations
 
+import gc
 import gzip
+import math
 import struct
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +22,7 @@ from prometheus_client.core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
+from prometheus_client.utils import floatToGoString
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.otlp import decode_metrics_data
@@ -30,10 +31,10 @@ from kproxy.exposition import Exposition
 from kproxy.metrics import ProxyMetrics
 from kproxy.server import Proxy
 from kproxy.telemetry import TelemetryService
-from kproxy.telemetry_exposition import ClientMetricsCollector
+from kproxy.telemetry_exposition import ClientMetricsCollector, _value_text
 
 from ..otlp_samples import librdkafka_like_payload
-from ..scrape_load import fill_series, metric_value, scrape
+from ..scrape_load import fill_series, metric_value, relay_cost
 from ..support import http_get, kproxy_process, make_config
 
 # ----------------------------------------------------------------------------- rendering
@@ -109,6 +110,35 @@ async def test_sliced_exposition_matches_prometheus_client() -> None:
             assert text.endswith("# EOF\n") == openmetrics
 
 
+def test_value_text_is_prometheus_float_text() -> None:
+    values = [0.0, -0.0, 1.0, 0.1, 1e-7, 3.14159, 999_999.9, 1e6, 1_234_567.0, 2.0**53,
+              1e16, 1e300, -1.5, -5e6, -1e300, math.inf, -math.inf, math.nan]
+    assert [_value_text(v) for v in values] == [floatToGoString(v) for v in values]
+
+
+async def test_label_text_is_kept_and_a_scrape_reads_as_the_first() -> None:
+    metrics, service = _filled_service(instances=30, points=5)
+    exposition = Exposition(metrics.registry, metrics.piece_sources)
+
+    async def client_lines() -> list[str]:
+        body = b"".join((await exposition.response({})).parts or [])
+        return [ln for ln in body.decode().splitlines() if ln.startswith("org_apache")]
+
+    first = await client_lines()
+    assert all(s.head for own in service.store.series.values() for s in own.values())
+    assert await client_lines() == first
+    assert gc.isenabled(), "a scrape left the garbage collector paused"
+    iid = uuid.UUID(int=1000)  # a new instance: its series get their text in this scrape
+    service.store.max_series *= 2
+    service.store.ingest(iid, {"client_instance_id": str(iid), "client_id": 'new "one"',
+                               "client_software_name": "librdkafka",
+                               "client_software_version": "2.16.1"},
+                         decode_metrics_data(librdkafka_like_payload(points=5)), False)
+    again = await client_lines()
+    assert set(first) < set(again) and len(again) == len(first) * 31 // 30
+    assert f'client_instance_id="{iid}",client_id="new \\"one\\""' in "\n".join(again)
+
+
 async def test_concurrent_scrapes_share_one_production() -> None:
     metrics, _ = _filled_service(instances=200, points=50)
     exposition = Exposition(metrics.registry, metrics.piece_sources)
@@ -173,48 +203,24 @@ async def test_unknown_api_flood_keeps_metrics_small(nursery: trio.Nursery,
 # ----------------------------------------------------------------------------- cost
 
 
-def _produce_latencies(bootstrap: str, topic: str, seconds: float, rate: int = 300
-                       ) -> list[float]:
-    """acks=1 single-message produce at a fixed rate: seconds to each delivery report."""
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
-    p.produce(topic, b"warm")
-    assert p.flush(30) == 0
-    sent: dict[int, float] = {}
-    samples: list[float] = []
-
-    def report(err: object, msg: object) -> None:
-        assert err is None, err
-        samples.append(time.perf_counter() - sent[int(msg.value())])  # type: ignore[attr-defined]
-
-    start = time.perf_counter()
-    for i in range(int(rate * seconds)):
-        due = start + i / rate
-        while (now := time.perf_counter()) < due:
-            p.poll(min(0.0005, due - now))
-        sent[i] = time.perf_counter()
-        p.produce(topic, str(i).encode(), on_delivery=report)
-        p.poll(0)
-    assert p.flush(30) == 0
-    return samples
-
-
-def _p99(samples: list[float]) -> float:
-    return sorted(samples)[int(0.99 * len(samples))]
-
-
 def test_scrape_of_250k_series_does_not_stall_a_producer(tmp_path: Path,
                                                          tansu: TansuBroker) -> None:
     """Scrapes of 250,000 series beside a producer: no request waits for a scrape.
 
-    What is asserted is what the proxy controls and what holds on a loaded machine:
-    the scrape never holds the event loop for more than some milliseconds of CPU
-    (it used to hold it for the whole scrape), and no delivery waits for a scrape
-    (the slowest is a small part of the shortest scrape). The producer's p99 with
-    and without scrapes, in alternating windows, is printed and measured by
-    `make bench` (docs/benchmarks.md): on a shared 2-core machine the scrape's own
-    CPU share moves it from run to run, so it is not a verdict here.
+    The producer runs in a process of its own throughout, and its latency is compared
+    in alternating windows, without scrapes and with scrapes back to back, round by
+    round (``tests/scrape_load.relay_cost``). What is asserted is what the proxy
+    controls and what holds on a loaded machine: the scrape never holds the event loop
+    for more than some milliseconds of CPU (it used to hold it for the whole scrape),
+    and no delivery waits for a scrape (the slowest is a small part of the shortest
+    scrape). The issue's target, the producer's p99 during scrapes within 2x of
+    without, is printed here and measured by `make bench` on a machine kept quiet
+    (docs/benchmarks.md): here the suite's other lane shares the two cores, and the
+    scrape's own CPU (a few tenths of a second per scrape, on the loop and in the
+    gzip thread) competes with the producer and the broker as much as with the
+    proxy, so the ratio measures the machine as much as the proxy: in one run under
+    load, the scrapes moved the p99 of a producer going straight to the broker, not
+    through the proxy at all, by 1.4x.
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -225,35 +231,11 @@ def test_scrape_of_250k_series_does_not_stall_a_producer(tmp_path: Path,
         assert metric_value(kp.http_port, "kproxy_telemetry_series") == 250_000
         admin = AdminClient({"bootstrap.servers": kp.bootstrap})
         admin.create_topics([NewTopic("scrape-lat", num_partitions=1)])["scrape-lat"].result(30)
-        pairs: list[tuple[float, float]] = []
-        slowest = 0.0
-        scrapes: list[float] = []
-        held_cpu: list[float] = []
-        for _ in range(3):
-            baseline = _produce_latencies(kp.bootstrap, "scrape-lat", 2.0)
-            stop = threading.Event()
-
-            def scraper(stop: threading.Event = stop) -> None:
-                while not stop.is_set():
-                    scrapes.append(scrape(kp.http_port)[0])
-                    held_cpu.append(metric_value(
-                        kp.http_port, "kproxy_scrape_longest_slice_cpu_seconds"))
-
-            thread = threading.Thread(target=scraper)
-            thread.start()
-            try:
-                during = _produce_latencies(kp.bootstrap, "scrape-lat", 2.0)
-            finally:
-                stop.set()
-                thread.join(600)
-            pairs.append((_p99(baseline), _p99(during)))
-            slowest = max(slowest, max(during))
-        assert scrapes, "no scrape finished while the producer ran"
-        print(f"producer p99 without / with scrapes (ms): "
-              f"{[(round(a * 1e3, 2), round(b * 1e3, 2)) for a, b in pairs]}; slowest "
-              f"delivery {slowest * 1e3:.1f} ms; scrapes took {[round(s, 2) for s in scrapes]}"
-              f" s; longest slice (CPU) {max(held_cpu) * 1e3:.2f} ms")
-        assert max(held_cpu) < 0.02, "a scrape held the event loop for tens of ms on end"
+        cost = relay_cost(kp.bootstrap, kp.http_port, "scrape-lat", rounds=4, window=2.0,
+                          rate=500)
+        print(cost.summary())
+        assert cost.scrapes, "no scrape finished while the producer ran"
+        assert max(cost.held_cpu) < 0.02, "a scrape held the event loop for tens of ms on end"
         # No request waited for a whole scrape: the slowest delivery is a small part of
         # the shortest scrape (the scrape used to hold every connection from end to end).
-        assert slowest < min(scrapes) / 4
+        assert cost.slowest < min(cost.scrapes) / 4
