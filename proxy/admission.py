@@ -15,7 +15,9 @@ that and ``max_connections``; a refusal because of it counts under
 
 The accept loop is our own rather than ``trio.serve_listeners``: a refused
 connection is closed in the loop (no task, no half-opened session), the count is
-taken before any await so no cancellation can slip between admit and release, and
+taken before any await so no cancellation can slip between admit and release (the
+handler owns the release from its first step: a session gives it back when it
+closes, which for a parked session is long after its task returned), and
 should EMFILE happen anyway (another process's descriptors, a budget set too
 tight) it is counted and waited out instead of logged as an error every 100 ms.
 """
