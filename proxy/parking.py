@@ -47,8 +47,10 @@ log = logging.getLogger("kproxy.session")
 # Idle this long (nothing in flight, no complete frame either way) before a session parks.
 # A park and its wake-up cost about as much CPU as relaying a small request (see
 # docs/architecture.md): a client asking less often than this pays that at most once
-# per request. Kafka clients' idle connections (metadata refreshes every few minutes,
-# heartbeats every few seconds) park between their requests.
+# per request; a busy one never. Kafka clients' idle connections (metadata refreshes
+# every few minutes, heartbeats every few seconds) park between their requests. Longer
+# lets a burst of new connections all be active at once: at 0.5 s, 1,000 connections
+# opened together left the proxy 7.1-7.5 MB larger, at 0.25 s 5.1-5.6 MB.
 PARK_AFTER_S = 0.25
 # How often the lot looks at the sessions that said they were idle.
 SWEEP_S = 0.1
