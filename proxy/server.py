@@ -214,11 +214,11 @@ class Proxy:
         (a parked session has no task)."""
         session: Session | None = None
         try:
-            client = await self._handshake(stream, peer, name, node_id)
-            if client is None:
+            accepted = await self._handshake(stream, peer, name, node_id)
+            if accepted is None:
                 return
-            stream_, name, node_id = client
-            session = Session(self.services, stream_, name, node_id, peer, self._session_ended)
+            client, name, node_id = accepted
+            session = Session(self.services, client, name, node_id, peer, self._session_ended)
             self.sessions.add(session)
         finally:
             if session is None:
@@ -227,8 +227,7 @@ class Proxy:
         await session.run()
 
     async def _handshake(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
-                         node_id: int | None = None
-                         ) -> tuple[trio.abc.Stream, str, int | None] | None:
+                         node_id: int | None) -> tuple[trio.abc.Stream, str, int | None] | None:
         """The client stream (TLS when on, its server name picking the broker with SNI
         routing), the listener name and node; None when the connection was refused."""
         if self.server_tls is None:
