@@ -15,7 +15,9 @@ that and ``max_connections``; a refusal because of it counts under
 
 The accept loop is our own rather than ``trio.serve_listeners``: a refused
 connection is closed in the loop (no task, no half-opened session), the count is
-taken before any await so no cancellation can slip between admit and release, and
+taken before any await so no cancellation can slip between admit and release (the
+handler owns the release from its first step: a session gives it back when it
+closes, which for a parked session is long after its task returned), and
 should EMFILE happen anyway (another process's descriptors, a budget set too
 tight) it is counted and waited out instead of logged as an error every 100 ms.
 """
@@ -218,7 +220,8 @@ class Admission:
 
     async def serve(self, listeners: list[trio.SocketListener], name: str, handler: Handler,
                     nursery: trio.Nursery) -> None:
-        """Accept on every listener until cancelled; admitted connections run ``handler``."""
+        """Accept on every listener until cancelled; admitted connections run ``handler``,
+        which closes each and calls ``release`` for it when it ends."""
         async with trio.open_nursery() as loops:
             for listener in listeners:
                 loops.start_soon(self._accept_loop, listener, name, handler, nursery)
@@ -253,6 +256,9 @@ class Admission:
 
     async def _run(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
                    handler: Handler) -> None:
+        # The handler owns the connection from its first step: it closes it and calls
+        # ``release`` once, when the connection ends (for a parked session, long after
+        # the handler returned).
         try:
             await handler(stream, peer, name)
         except Exception:  # a bug in one connection must not take the listener down
@@ -260,9 +266,6 @@ class Admission:
             log.exception("internal error serving a connection; closed",
                           extra={"fields": {"listener": name,
                                             "client": f"{peer[0]}:{peer[1]}"}})
-        finally:
-            stream.socket.close()  # idempotent; the handler normally closed it already
-            self.release(peer[0])
 
     async def _out_of_descriptors(self, exc: OSError, name: str) -> None:
         """EMFILE despite the budget: count it, say so once in a while, wait for a close."""

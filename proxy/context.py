@@ -12,6 +12,7 @@ from kproxy.backend_watch import BackendWatch
 from kproxy.config import Config
 from kproxy.memory import MemoryBudget
 from kproxy.metrics import ProxyMetrics
+from kproxy.parking import ParkingLot
 from kproxy.policies.connection import Handlers
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.session_events import SessionEvents
@@ -28,3 +29,4 @@ class SessionServices:
     connector: UpstreamConnector
     events: SessionEvents
     backend: BackendWatch
+    parking: ParkingLot

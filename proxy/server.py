@@ -35,6 +35,7 @@ from kproxy.listeners import open_listeners
 from kproxy.logs import RateLimitedLog
 from kproxy.memory import MemoryBudget
 from kproxy.metrics import ProxyMetrics
+from kproxy.parking import ParkingLot
 from kproxy.policies.api_versions import default_caps
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, standard_handlers
@@ -85,12 +86,15 @@ class Proxy:
             self.groups = GroupService(GroupLimits(config.group_max_groups,
                                                    config.group_max_members), metrics,
                                        self.archive)
+        # Idle sessions wait here without a task (kproxy.parking); a reload's idle timeout
+        # applies to them too.
+        self.parking = ParkingLot(lambda: self.config.idle_timeout)
         self.services = SessionServices(
             config, metrics, self.state,
             standard_handlers(local, self.groups.watch if self.groups else None), self.budget,
             UpstreamConnector(self.state, self.rotation, config.connect_timeout, events),
-            events, self.backend)
-        self.sessions: set[Session] = set()
+            events, self.backend, self.parking)
+        self.sessions: set[Session] = set()  # open ones, parked ones included
         self.backend.sessions_of = lambda: [(s.conn, s.end_at_next_request)
                                             for s in self.sessions]
         self.listeners = BrokerListeners(config, self.state, metrics, self.ratelog)
@@ -101,6 +105,9 @@ class Proxy:
         Gauge("kproxy_ready", "1 while /readyz answers 200: the backend answered discovery "
               "recently and the proxy is not draining", registry=metrics.registry,
               ).set_function(lambda: 1.0 if self.ready()[0] else 0.0)
+        Gauge("kproxy_connections_parked", "Idle client connections parked: sockets and "
+              "state kept, no task of their own until a socket is readable",
+              registry=metrics.registry).set_function(lambda: float(len(self.parking)))
         self.server_tls = server_context(config)
         self.otlp = otlp_export.install(self)
         self.bootstrap_port: int | None = None
@@ -118,6 +125,7 @@ class Proxy:
         self.services.connector.timeout = new.connect_timeout
         self.admission.config = new
         self.budget.limit = new.max_buffered_bytes
+        self.parking.reconfigured()
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -146,6 +154,7 @@ class Proxy:
                 services.start_soon(lifecycle.handle_signals, self)
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
+                sessions.start_soon(self.parking.run, sessions)
                 self.listeners.start(services, self._serve)
                 host, port = cfg.listen
                 bootstrap = await open_listeners(host, port, cfg.reuse_port)
@@ -200,34 +209,54 @@ class Proxy:
 
     async def _serve_one(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
                          node_id: int | None) -> None:
-        client: trio.abc.Stream = stream
-        if self.server_tls is not None:
-            try:
-                client, server_name = await accept_tls(stream, self.server_tls,
-                                                       self.config.tls_handshake_timeout)
-            except HandshakeFailed as exc:
-                limit = "tls_handshake_timeout" if exc.timed_out else None
-                self.admission.refuse(limit, "tls_handshake", "TLS handshake failed; "
-                                      "connection closed", peer, listener=name, error=str(exc))
-                self.metrics.tls_handshake_failures.labels(name).inc()
-                await trio.aclose_forcefully(stream)
-                return
-            sni = self.state.port_map.sni
-            if sni is not None:
-                node_id = sni.node_for(server_name)
-                if node_id is not None and node_id not in self.state.view.nodes:
-                    self.admission.refuse(None, "sni", "TLS server name names no known "
-                                          "broker; connection closed", peer, listener=name,
-                                          server_name=server_name)
-                    await trio.aclose_forcefully(client)
-                    return
-                name = f"broker-{node_id}" if node_id is not None else name
-        session = Session(self.services, client, name, node_id, peer)
-        self.sessions.add(session)
+        """Serve an admitted connection. It owns its admission until a session takes it
+        over: the session releases it when it ends, which may be long after this returns
+        (a parked session has no task)."""
+        session: Session | None = None
         try:
-            await session.run()
+            accepted = await self._handshake(stream, peer, name, node_id)
+            if accepted is None:
+                return
+            client, name, node_id = accepted
+            session = Session(self.services, client, name, node_id, peer, self._session_ended)
+            self.sessions.add(session)
         finally:
-            self.sessions.discard(session)
+            if session is None:
+                stream.socket.close()  # idempotent: closed already when refused
+                self.admission.release(peer[0])
+        await session.run()
+
+    async def _handshake(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
+                         node_id: int | None) -> tuple[trio.abc.Stream, str, int | None] | None:
+        """The client stream (TLS when on, its server name picking the broker with SNI
+        routing), the listener name and node; None when the connection was refused."""
+        if self.server_tls is None:
+            return stream, name, node_id
+        try:
+            client, server_name = await accept_tls(stream, self.server_tls,
+                                                   self.config.tls_handshake_timeout)
+        except HandshakeFailed as exc:
+            limit = "tls_handshake_timeout" if exc.timed_out else None
+            self.admission.refuse(limit, "tls_handshake", "TLS handshake failed; "
+                                  "connection closed", peer, listener=name, error=str(exc))
+            self.metrics.tls_handshake_failures.labels(name).inc()
+            await trio.aclose_forcefully(stream)
+            return None
+        sni = self.state.port_map.sni
+        if sni is not None:
+            node_id = sni.node_for(server_name)
+            if node_id is not None and node_id not in self.state.view.nodes:
+                self.admission.refuse(None, "sni", "TLS server name names no known "
+                                      "broker; connection closed", peer, listener=name,
+                                      server_name=server_name)
+                await trio.aclose_forcefully(client)
+                return None
+            name = f"broker-{node_id}" if node_id is not None else name
+        return client, name, node_id
+
+    def _session_ended(self, session: Session) -> None:
+        self.sessions.discard(session)
+        self.admission.release(session.conn.info.source_address)
 
     # ------------------------------------------------------------------ discovery
 

@@ -21,7 +21,8 @@ log = logging.getLogger("kproxy.session")
 
 class TaskGuard:
     """Ends the session when the task fails (logged, and counted if unexpected), or when
-    it returns if ``ends_session``. Cancellation passes through untouched."""
+    it returns if ``ends_session`` (unless it returns to park the session). Cancellation
+    passes through untouched."""
 
     __slots__ = ("ends_session", "session")
 
@@ -36,7 +37,7 @@ class TaskGuard:
                  tb: TracebackType | None) -> bool:
         session = self.session
         if exc is None:
-            if self.ends_session:
+            if self.ends_session and not session.parking:
                 session.close()
             return False
         if not isinstance(exc, Exception):

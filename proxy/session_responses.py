@@ -36,7 +36,8 @@ LARGE_FRAME = RECV_BYTES
 
 
 async def relay_responses(session: Session, upstream: Transport) -> None:
-    """Read responses until the upstream connection ends (which ends the session)."""
+    """Read responses until the upstream connection ends (which ends the session), or
+    until the session parks (cancelled at its wait for the broker, holding nothing)."""
     with TaskGuard(session):
         reader = FrameReader(session.config.max_frame_bytes)
         charge = Charge(session.services.budget)
@@ -62,8 +63,14 @@ async def relay_responses(session: Session, upstream: Transport) -> None:
                                                          session.conn)
                     raise SessionClosed(str(exc)) from None
                 charge.settle(reader.held())
+                if not len(session.ordered):
+                    session.note_idle()
         finally:
             charge.release()
+            if reader.held() and session.parking:
+                # Bytes the broker sent with nothing in flight, cut short by the park:
+                # the stream cannot be taken up again in step. End the session instead.
+                session.close()
 
 
 async def _handle_responses(session: Session, reader: FrameReader) -> None:

@@ -129,6 +129,11 @@ class SocketTransport(Transport):
         self._drained = True  # nothing known to be waiting: a receive should wait first
         self._ops = 0  # operations since the last yield
 
+    def may_have_bytes(self) -> None:
+        """The socket is readable (it woke a parked session): the next receive tries the
+        kernel first."""
+        self._drained = False
+
     def _did_not_wait(self) -> bool:
         """Count an operation that did not wait; False when it is time to yield."""
         self._ops += 1

@@ -50,6 +50,7 @@ class FakeBroker:
     fetch_bytes: int = 0  # > 0: answer Fetch v4 with this many bytes of records
     _records: bytes = b""  # those records, one buffer shared by every connection
     share_groups: bool = False  # advertise and answer ShareFetch / ShareAcknowledge
+    streams: set[trio.SocketStream] = field(default_factory=set)  # connections open now
 
     async def start(self, nursery: trio.Nursery) -> FakeBroker:
         self._records = bytes(self.fetch_bytes)
@@ -68,6 +69,7 @@ class FakeBroker:
             self.connections[node] = self.connections.get(node, 0) + 1
             reader = FrameReader()
             conn = {"authenticated": self.sasl_users is None}
+            self.streams.add(stream)
             try:
                 while data := await stream.receive_some(65536):
                     reader.feed(data)
@@ -88,8 +90,10 @@ class FakeBroker:
                         if self.delay:
                             await trio.sleep(self.delay)
                         await stream.send_all(reply)
-            except trio.BrokenResourceError:
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+            finally:
+                self.streams.discard(stream)
 
         return handle
 

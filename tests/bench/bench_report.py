@@ -201,8 +201,8 @@ Profiled on this machine with py-spy and perf during each workload.
   haproxy and varies from run to run.
 - **Telemetry.** A push costs zstd decompression into a buffer sized to the payload,
   protobuf parsing into plain objects and the exporter update: about 60 us in-process.
-- **Memory.** An idle proxied connection holds two sockets, two trio tasks, a frame
-  reader and the ordered queue.
+- **Memory.** An idle proxied connection is parked once it has been idle 0.25 s: it
+  holds two sockets and its session's state, and no trio task (`proxy/parking.py`).
 """
 
 
@@ -214,8 +214,9 @@ SCALING_NOTE = """
   batches amortise the per-frame part: 1 KB messages with `linger.ms=5` cost the proxy far
   less CPU per byte than 100 B messages or `linger.ms=0`.
 - **Connections.** Each client connection holds one upstream connection (two sockets) and a
-  small session (two tasks, a frame reader, the ordered queue); idle connections cost
-  memory, not CPU. Raise the open-file limit to twice the connections you expect.
+  small session (two tasks while it works, none once parked after 0.25 s idle); idle
+  connections cost memory, not CPU. Raise the open-file limit to twice the connections
+  you expect.
 - **Partitions.** Fetch (v16+) and Produce (v10+) responses are walked partition by
   partition to reach their tagged fields (records are skipped by length, never copied):
   cost grows with partitions per response, not with bytes.

@@ -73,6 +73,13 @@ async def open_idle(port: int, n: int) -> trio.Process:
     return proc
 
 
+async def all_parked(proxy: Proxy, n: int) -> None:
+    """Wait until ``n`` sessions are parked (idle for ``PARK_AFTER_S``, no task)."""
+    with trio.fail_after(30):
+        while len(proxy.parking) < n:
+            await trio.sleep(0.05)
+
+
 async def close_clients(proc: trio.Process) -> None:
     assert proc.stdin is not None
     await proc.stdin.aclose()
@@ -85,28 +92,29 @@ async def test_idle_connection_pairs_hold_little_python_heap(
         nursery: trio.Nursery, shared_tansu: TansuBroker) -> None:
     """Python heap per idle pair, through an in-process proxy in front of tansu.
 
-    Covered: everything Python allocates for a pair and keeps while it idles, through
-    any allocator tracemalloc sees (pymalloc and the raw/object domains): the session
-    and its state, the reader and writer state, both sockets' Python objects, the
-    trio tasks, cancel scopes and coroutine frames the connection waits in, trio's
-    per-socket wait state, and each pair's share of the shared containers that grow
-    with the number of connections (the session set, trio's task set and deadline heap,
-    epoll registrations). One-time costs (imports, caches, metric children for the
-    listener and the API) are paid by the warm-up connections before tracing starts.
+    Covered: everything Python allocates for a pair and keeps while it idles, parked
+    (measured once every pair has parked), through any allocator tracemalloc sees
+    (pymalloc and the raw/object domains): the session and its state, the writer
+    state, both sockets' Python objects, what trio keeps per socket, and each pair's
+    share of the shared containers that grow with the number of connections (the
+    session set, the parking lot's descriptor table and deadline heap). One-time costs
+    (imports, caches, metric children for the listener and the API) are paid by the
+    warm-up connections before tracing starts.
 
     Not covered: the kernel's socket buffers (not in the process's RSS either); what
-    pymalloc arenas and malloc keep around the objects (RSS, measured by ``make
-    bench``: at this commit it is within a few percent of this figure); the clients
-    and the broker (other processes).
+    pymalloc arenas and malloc keep around the objects, and what the connections held
+    while they were still active (RSS, measured by ``make bench``: it keeps the peak of
+    a burst of connections, so it is above this figure); the clients and the broker
+    (other processes).
 
-    The bound: a pair holds 13.1 KB here (RSS measured as ``make bench`` does, about
-    12.7 MB per 1,000; before the cuts that came with this test, 22.0 KB and 20.8 MB).
-    About 7.8 KB of it is trio's floor for what a pair needs: two tasks, a nursery, two
-    sockets and trio's wait state for each (measured with a bare trio program that only
-    accepts, connects and waits), so 8 KB in all is out of reach while a pair waits in
-    two tasks; the rest is the session's state, its coroutine frames and the read
-    deadline's cancel scope. The bound is today's figure plus 10% for the growth steps
-    of shared containers: a regression of about 1.3 KB a pair fails.
+    The bound: a parked pair holds 3.8 KB here (RSS measured as ``make bench`` does,
+    about 5.1-5.6 MB per 1,000 and 2.4 MB per 1,000 at 9,000). Before parking (no task
+    while idle, ``kproxy.parking``) a pair held 13.1 KB and 12.7 MB per 1,000, of which
+    about 7.8 KB was trio's floor for a pair waiting in two tasks; before the cuts that
+    came with this test, 22.0 KB and 20.8 MB. What is left is the session's state, the
+    two sockets' objects and the pair's share of the parking lot's tables. The bound is
+    today's figure plus 10% for the growth steps of shared containers: a regression of
+    about 400 bytes a pair fails.
     """
     if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2 * (PAIRS + WARM) + 400:
         pytest.skip("the open-file limit cannot hold the connection pairs")
@@ -118,6 +126,7 @@ async def test_idle_connection_pairs_hold_little_python_heap(
     warm = await open_idle(port, WARM)
     idle: trio.Process | None = None
     try:
+        await all_parked(proxy, WARM)
         await trio.testing.wait_all_tasks_blocked()
         gc.collect()
         tracing_already = tracemalloc.is_tracing()
@@ -125,7 +134,8 @@ async def test_idle_connection_pairs_hold_little_python_heap(
         try:
             before = tracemalloc.get_traced_memory()[0]
             idle = await open_idle(port, PAIRS)
-            await trio.testing.wait_all_tasks_blocked()  # every session back in its wait
+            await all_parked(proxy, PAIRS + WARM)
+            await trio.testing.wait_all_tasks_blocked()
             gc.collect()
             held = tracemalloc.get_traced_memory()[0] - before
         finally:
@@ -135,7 +145,8 @@ async def test_idle_connection_pairs_hold_little_python_heap(
         assert len(sessions) == PAIRS + WARM
         assert all(s.upstream is not None for s in sessions)  # pairs, not half-pairs
         per_pair = held / PAIRS
-        assert per_pair < 14_400, f"{per_pair:.0f} bytes of Python heap per idle pair"
+        print(f"\nPython heap per idle connection pair: {per_pair:.0f} bytes")
+        assert per_pair < 4_200, f"{per_pair:.0f} bytes of Python heap per idle pair"
     finally:
         await close_clients(warm)
         if idle is not None:
