@@ -4,13 +4,13 @@ The session moves bytes, keeps responses in request order, enforces timeouts and
 memory budget, and applies what its ``ConnectionState`` (``policies.connection``)
 decides; it makes no protocol decision itself.
 
-Requests (``kproxy.session_requests``, in the session's own task): the upstream
-connection is opened when the first complete request arrives (a connection that never
-sends one costs no broker connection). Each request is peeked, handed to the state,
-and forwarded as received, replaced, or answered here.
+Requests (``kproxy.session_relay.handle_requests``, in the session's own task): the
+upstream connection is opened when the first complete request arrives (a connection
+that never sends one costs no broker connection). Each request is peeked, handed to
+the state, and forwarded as received, replaced, or answered here.
 
-Responses (``kproxy.session_responses``, a task started with the upstream
-connection): a response no handler needs whole is relayed as it arrives. Small ones
+Responses (``kproxy.session_relay.relay_responses``, a task started with the
+upstream connection): a response no handler needs whole is relayed as it arrives. Small ones
 are batched and written without copying; a large one is passed through chunk by
 chunk (cut-through), so a 50 MB fetch costs one receive buffer, not 50 MB. A
 response a handler must see whole (addresses to rewrite) is received in place, its
@@ -44,8 +44,7 @@ from kproxy.memory import Charge
 from kproxy.policies import timeouts
 from kproxy.policies.connection import ConnectionState
 from kproxy.session_guard import TaskGuard
-from kproxy.session_requests import handle_requests
-from kproxy.session_responses import RECV_BYTES, relay_responses
+from kproxy.session_relay import RECV_BYTES, handle_requests, relay_responses
 from kproxy.transport import SocketTransport, Transport, transport_for
 
 log = logging.getLogger("kproxy.session")
