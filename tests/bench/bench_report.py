@@ -180,8 +180,8 @@ Profiled on this machine with py-spy and perf during each workload.
   worker, on the same machine under load: about 1.1 CPU-seconds per GB in user space
   and 0.7-0.9 in the kernel. py-spy puts just over half of the proxy's busy samples on
   the socket calls themselves (`writev` to the broker, `recv` from the client), a tenth
-  on assembling request frames that span two 256 KB receive chunks (a produce batch of
-  several hundred KB always does), and the rest on trio's scheduling, the header peek
+  on assembling request frames that span more than one 256 KB receive chunk (a
+  produce batch of several hundred KB always does), and the rest on trio's scheduling, the header peek
   and metrics. Frames inside one chunk are relayed as views, a batch of them with one
   `writev`. haproxy moves the same bytes with far fewer CPU-seconds because it never
   brings them into a Python process; closing that gap would take splicing large frames
