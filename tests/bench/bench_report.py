@@ -177,16 +177,16 @@ WHY = """### Where the time goes
 Profiled on this machine with py-spy and perf during each workload.
 
 - **Bulk produce.** Measured at this code with 100,000 messages of 1 KB through one
-  worker, on the same machine under load: about 1.1 CPU-seconds per GB in user space
-  and 0.7-0.9 in the kernel. py-spy puts just over half of the proxy's busy samples on
-  the socket calls themselves (`writev` to the broker, `recv` from the client), a tenth
-  on assembling request frames that span more than one 256 KB receive chunk (a
-  produce batch of several hundred KB always does), and the rest on trio's scheduling, the header peek
-  and metrics. Frames inside one chunk are relayed as views, a batch of them with one
-  `writev`. haproxy moves the same bytes with far fewer CPU-seconds because it never
-  brings them into a Python process; closing that gap would take splicing large frames
-  socket to socket, which kproxy does not do. On two cores every CPU-second the proxy
-  takes comes out of the client's and the broker's, so any extra hop costs some
+  worker, on the same machine under load: about 1.1 CPU-seconds per GB in user space and
+  0.7-0.9 in the kernel. py-spy puts just over half of the proxy's busy samples on the
+  socket calls themselves (`writev` to the broker, `recv` from the client), a tenth on
+  assembling request frames that span more than one 256 KB receive chunk (a produce
+  batch of several hundred KB always does), and the rest on trio's scheduling, the
+  header peek and metrics. Frames inside one chunk are relayed as views, a batch of them
+  with one `writev`. haproxy moves the same bytes with far fewer CPU-seconds because it
+  never brings them into a Python process; closing that gap would take splicing large
+  frames socket to socket, which kproxy does not do. On two cores every CPU-second the
+  proxy takes comes out of the client's and the broker's, so any extra hop costs some
   throughput; the run-to-run spread of the broker itself is large (see the JSON).
 - **Consume.** A Fetch v16+ response may end with NodeEndpoints (KIP-951), which must be
   rewritten, and a rewrite changes the size prefix at the start of the frame. So kproxy
@@ -196,15 +196,19 @@ Profiled on this machine with py-spy and perf during each workload.
   loop. A large response no handler needs whole (Fetch below v16) is passed through as
   its bytes arrive. Produce responses and every request are relayed the moment they
   are complete.
-- **Small requests.** A relayed request costs two wake-ups of the proxy (request in,
-  response back), four system calls and some 50 us of Python: the header peek, the
-  in-order queue, metrics, and for Produce a walk to the response's tagged fields (a
-  compiled skip, no objects built). Metadata responses are rewritten once and then
-  served from a cache keyed by the backend's bytes; their topics are never decoded.
-  The added p50 is mostly the two wake-ups, which every proxy pays. The p99 tail comes
-  from sharing two cores with a multi-threaded client and broker: the more CPU a hop
-  takes, the likelier it waits for a time slice, so it is larger for kproxy than for
-  haproxy and varies from run to run.
+- **Small requests.** A relayed request costs the proxy two wake-ups (request in,
+  response back) and four socket calls. On this machine that came to about 0.33 ms of
+  CPU per single-message produce and 0.41 ms per Metadata round trip at 1,000/s, where
+  d1cc828 (before the sans-IO core) took 0.31 and 0.38 side by side (about 7% less)
+  and haproxy about 0.06. py-spy during Metadata at 1,000/s: of the proxy's busy
+  samples, 41% are the `writev` and `recv` calls themselves (on loopback the sender's
+  `writev` also runs the receiver's side of TCP and its wake-up), 34% kproxy's own
+  Python (header peek, in-order queue, handler dispatch; Metadata responses are
+  rewritten once and then served from a cache keyed by the backend's bytes), 18%
+  trio's scheduling and 4% metrics. The p99 tail comes from that CPU on two cores
+  shared with a multi-threaded client and broker: the more CPU a hop takes, the likelier
+  it waits for a time slice, so it is larger for kproxy than for haproxy and varies
+  from run to run.
 - **Telemetry.** A small push (up to 16 KB decompressed and 128 points) is decoded in
   one parse and answered at once; the next push of the same shape from the same client
   is read by position and lands in the same series without a decode. Larger pushes
