@@ -4,6 +4,11 @@ Everything that reaches a running session must reach a parked one the same way: 
 client's next request, either side closing, the idle timeout and a reload of it, a
 drain, its backend going away, a close, the status page, admission counts, the proxy
 stopping. Parking is made quick here (50 ms idle) so that each test parks often.
+
+The broker in most tests is the named stand-in ``tests/fake_broker.FakeBroker``: they
+close connections from the broker's side and read what it received, which tansu does
+not let a test do. The last test uses real parts only: librdkafka, `kproxy run` and
+tansu.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import json
 import random
 import ssl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +27,7 @@ import trustme
 
 from kproxy import parking
 from kproxy.codecs import api_keys
+from kproxy.embedded_broker import TansuBroker
 from kproxy.policies import timeouts
 from kproxy.server import Proxy
 
@@ -319,3 +326,37 @@ async def test_a_tls_session_never_parks(
     await client.aclose()
     await all_ended(proxy)
     proxy.shutdown()
+
+
+def test_a_real_clients_connections_park_and_wake_through_tansu(
+        shared_tansu: TansuBroker, tmp_path: Path) -> None:
+    """The same with real parts: librdkafka through a `kproxy run` in front of tansu.
+    After a produce its connections go quiet and park; a produce after that wakes the
+    connection it needs, is delivered, and both messages read back."""
+    from confluent_kafka import Consumer, Producer
+
+    from ..scrape_load import metric_value
+    from ..support import kproxy_process
+
+    topic = f"park-{random.randrange(1 << 30)}"
+    with kproxy_process(shared_tansu.bootstrap, tmp_path, "--workers", "1") as kp:
+        producer = Producer({"bootstrap.servers": kp.bootstrap, "linger.ms": 0})
+        producer.produce(topic, b"before")
+        assert producer.flush(30) == 0
+        deadline = time.monotonic() + 30  # idle 0.25 s, then the next sweep parks
+        while metric_value(kp.http_port, "kproxy_connections_parked") < 1:
+            assert time.monotonic() < deadline, "no connection parked"
+            time.sleep(0.1)
+        producer.produce(topic, b"after")
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": kp.bootstrap, "group.id": topic,
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([topic])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 2 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        consumer.close()
+        assert got == [b"before", b"after"]
