@@ -69,9 +69,11 @@ class Shape:
         self._digest = self._digest_around(raw)
 
     @property
-    def slots(self) -> int:
-        """How many 8-byte slots it holds of its own (its struct formats are shared)."""
-        return len(self._absent) + 4
+    def held_bytes(self) -> int:
+        """Estimated bytes it keeps: the absent points' indexes, the digest, and its two
+        struct formats, counted as its own (clients of one kind share them while the
+        compiled structs are cached, but a client with a layout of its own does not)."""
+        return 8 * len(self._absent) + 16 + len(self._around) + len(self._values)
 
     def values(self, raw: bytes) -> list[int | float] | None:
         """Each gauge and sum point's value in ``raw``, if ``raw`` has this shape."""

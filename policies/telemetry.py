@@ -59,12 +59,11 @@ class LastPush:
 
     @property
     def size(self) -> int:
-        """Estimated bytes it holds beside what is shared: a slot per point in each of
-        the landing's tuples and the shape's (its struct formats are shared by clients
-        of one kind, see ``codecs.otlp_shape``)."""
+        """Estimated bytes it holds: a slot per point in each of the landing's tuples,
+        and the shape's own (``Shape.held_bytes``, its struct formats included)."""
         landing = self.landing
         slots = len(landing.series) + len(landing.summed) + len(landing.capped)
-        return LAST_PUSH_OVERHEAD + 8 * (slots + self.shape.slots)
+        return LAST_PUSH_OVERHEAD + 8 * slots + self.shape.held_bytes
 
 
 @dataclass
