@@ -341,13 +341,13 @@ def test_a_real_clients_connections_park_and_wake_through_tansu(
     topic = f"park-{random.randrange(1 << 30)}"
     with kproxy_process(shared_tansu.bootstrap, tmp_path, "--workers", "1") as kp:
         producer = Producer({"bootstrap.servers": kp.bootstrap, "linger.ms": 0})
-        producer.produce(topic, b"before")
+        producer.produce(topic, b"before", key=b"k")  # one partition: read in order
         assert producer.flush(30) == 0
         deadline = time.monotonic() + 30  # idle 0.25 s, then the next sweep parks
         while metric_value(kp.http_port, "kproxy_connections_parked") < 1:
             assert time.monotonic() < deadline, "no connection parked"
             time.sleep(0.1)
-        producer.produce(topic, b"after")
+        producer.produce(topic, b"after", key=b"k")
         assert producer.flush(30) == 0
         consumer = Consumer({"bootstrap.servers": kp.bootstrap, "group.id": topic,
                              "auto.offset.reset": "earliest"})
