@@ -77,11 +77,9 @@ class ClientWriter:
         self._wake()
 
     def _account(self, slot: Slot, size: int) -> None:
-        api = self.metrics.api(slot.api_key)
         now = time.monotonic()
-        api.latency.observe(now - slot.started)
+        self.metrics.api(slot.api_key).response(size, now - slot.started)
         self.latency.observe(now - slot.started, now)
-        api.response_bytes.inc(size)
         self.bytes_out += size
 
     async def relay(self, slot: Slot, head: list[memoryview], source: Transport, rest: int,

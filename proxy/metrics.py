@@ -7,52 +7,31 @@ series), listeners are per broker in the node id range, the rest are fixed sets.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kproxy.codecs.api_keys import API_KEYS, api_name
+from kproxy.api_metrics import ApiFigures, ApiStats
 from kproxy.exposition import PieceSource
-
-UNKNOWN_API = -1  # every api key the proxy does not know shares one label, "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class ApiMetrics:
-    """The per-API children, looked up once: `labels()` on every frame is costly."""
-
-    requests: Any
-    request_bytes: Any
-    response_bytes: Any
-    latency: Any
 
 
 class ProxyMetrics:
-    def api(self, api_key: int) -> ApiMetrics:
-        """The children for one API; a key a client made up gets no label of its own."""
-        if api_key not in API_KEYS:
-            api_key = UNKNOWN_API
-        found = self._per_api.get(api_key)
-        if found is None:
-            name = api_name(api_key) if api_key != UNKNOWN_API else "unknown"
-            found = self._per_api[api_key] = ApiMetrics(
-                self.requests.labels(name), self.request_bytes.labels(name),
-                self.response_bytes.labels(name), self.latency.labels(name))
-        return found
-
     def watch_budget(self, budget: BudgetFigures) -> None:
         self.registry.register(BudgetCollector(budget))
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self._per_api: dict[int, ApiMetrics] = {}
         self.registry = registry or CollectorRegistry()
-        # Sources too large to render in one go (client telemetry): kproxy.exposition
-        # renders them in pieces, between which the relay runs.
-        self.piece_sources: list[PieceSource] = []
+        # Per-API counts, bytes and latency: plain numbers, touched by every request.
+        self.apis = ApiFigures()
+        # One API's figures; a key a client made up gets no label of its own.
+        self.api: Callable[[int], ApiStats] = self.apis.api
+        # Sources too large to render in one go (the per-API families, client
+        # telemetry): kproxy.exposition renders them in pieces, between which the
+        # relay runs.
+        self.piece_sources: list[PieceSource] = [self.apis.pieces]
         r = self.registry
         self.connections_active = Gauge(
             "kproxy_client_connections", "Client connections open now", ["listener"],
@@ -66,17 +45,6 @@ class ProxyMetrics:
         self.upstream_disconnects = Counter(
             "kproxy_upstream_disconnects", "Backend connections lost while a client was "
             "connected", ["listener"], registry=r)
-        self.requests = Counter(
-            "kproxy_requests", "Requests relayed or answered, by API", ["api"], registry=r)
-        self.request_bytes = Counter(
-            "kproxy_request_bytes", "Request bytes from clients, by API", ["api"], registry=r)
-        self.response_bytes = Counter(
-            "kproxy_response_bytes", "Response bytes to clients, by API", ["api"], registry=r)
-        self.latency = Histogram(
-            "kproxy_request_latency_seconds", "Time from a request's arrival to its response "
-            "leaving the proxy", ["api"], registry=r,
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
-                     5, 10, 30))
         self.decode_errors = Counter(
             "kproxy_decode_errors", "Frames the proxy could not decode, by API and side",
             ["api", "side"], registry=r)

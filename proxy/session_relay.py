@@ -71,9 +71,7 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
         body = frame.body
         try:
             peek = peek_request(body)
-            api = metrics.api(peek.api_key)
-            api.requests.inc()
-            api.request_bytes.inc(len(body) + 4)
+            metrics.api(peek.api_key).request(len(body) + 4)
             session.bytes_in += len(body) + 4
             decision = conn.request(peek, body)
         except CodecError as exc:  # a broker closes the connection on such a request
