@@ -6,6 +6,7 @@ Kept apart from the push handlers: this side only reads the store, at scrape tim
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, cast
 
@@ -18,7 +19,7 @@ from kproxy.policies.telemetry_store import INSTANCE_LABELS, Family, Labels, Ser
 if TYPE_CHECKING:
     from kproxy.telemetry import TelemetryService
 
-PIECE_ROWS = 64  # series per piece of the /metrics exposition
+PIECE_ROWS = 64  # sample lines per piece of the /metrics exposition
 
 
 class ClientMetricsCollector:
@@ -47,9 +48,9 @@ class ClientMetricsCollector:
         yield GaugeMetricFamily("kproxy_telemetry_series", "Client metric series exported",
                                 service.store.total)
         store = service.store
-        # Family name -> its series: one list per family, no new container per series
+        # Family name -> its series: one deque per family, no new container per series
         # (a scrape must not feed the cyclic garbage collector).
-        grouped: dict[str, list[Series]] = {}
+        grouped: dict[str, deque[Series]] = {}
         heads: dict[Labels, str] = {}  # label text made in this scrape, shared
         tails: dict[Labels, str] = {}
         copied = 0
@@ -59,7 +60,7 @@ class ClientMetricsCollector:
                     _label(series, labels, heads, tails)
                 found = grouped.get(name)
                 if found is None:
-                    found = grouped[name] = []
+                    found = grouped[name] = deque()
                 found.append(series)
             copied += len(own)
             if copied >= self.piece_rows:
@@ -67,10 +68,15 @@ class ClientMetricsCollector:
                 yield None
         families = dict(store.families)
         for name in sorted(grouped):
-            family, all_series = families[name], grouped[name]
+            # Taken out as they are written, a piece at a time: the references go a few
+            # at a time too (letting go of 250,000 at once held the loop for ~4 ms).
+            family, left = families[name], grouped.pop(name)
             yield Metric(family.name, family.help, family.kind, family.unit)  # the header
-            for start in range(0, len(all_series), self.piece_rows):
-                yield _sample_lines(family, all_series[start : start + self.piece_rows])
+            # About ``piece_rows`` lines a piece: a histogram series is a line a bucket.
+            lines = len(left[0].buckets) + 2 if family.kind == "histogram" else 1
+            step = max(1, self.piece_rows // lines)
+            while left:
+                yield _sample_lines(family, [left.popleft() for _ in range(min(step, len(left)))])
 
 
 _float_text = cast(Callable[[float], str], _untyped_float_text)  # Prometheus' float text
