@@ -2,23 +2,25 @@
 
 A fleet's client telemetry can be hundreds of thousands of series; rendering them in
 one go (prometheus_client's ``generate_latest``) held the event loop for seconds and
-every connection with it. Here the proxy's own metrics (a few hundred series, every
-label bounded) are rendered at once, and the large sources (client telemetry) hand
-out their series in small pieces, rendered one slice of at most ``SLICE_SECONDS`` at
-a time with a checkpoint in between, so a request arriving during a scrape waits at
-most one slice, and the scrape takes at most about a fifth of the core
-(``REST_SECONDS``). What the loop does per series is kept small: a series' label
-text is made once and kept (``kproxy.telemetry_exposition``), gzip runs on a worker
-thread (``_Writer``), and no garbage collection runs while the sources' big lists
-are alive (``_collector_paused``).
+every connection with it. Here the proxy's own small families (every label bounded)
+are rendered whole, and the large sources (the per-API families of
+``kproxy.api_metrics``, client telemetry) hand out their series in small pieces,
+rendered, and compressed, one slice of at most ``SLICE_SECONDS`` at a time with a
+pause of ``REST_SECONDS`` in between, so a request arriving during a scrape waits at
+most one slice, and the whole scrape, gzip included, takes at most about a fifth of
+the core. What the loop does per series is kept small: a series' label text is made
+once and kept (``kproxy.telemetry_exposition``), and no garbage collection runs
+while the sources' big containers are alive (``_collector_paused``).
 
-Why not render in a worker thread: rendering is pure Python and holds the GIL, so
-the loop would wait for it up to the interpreter's switch interval (5 ms) at every
-wake-up, for the whole scrape, and the sources are dicts the loop mutates. A piece
+Why not a worker thread: rendering is pure Python and holds the GIL, so the loop
+would wait for it up to the interpreter's switch interval (5 ms) at every wake-up,
+for the whole scrape, and the sources are dicts the loop mutates. zlib does release
+the GIL, and gzip ran on a thread until measured: on two cores the relay's p99
+during scrapes was the same either way, while the thread's CPU was outside the
+slices' budget and each chunk came back through the loop's wakeup socket. A piece
 reads its series within one slice, so each series is consistent, and each source
 copies what it iterates (see ``kproxy.telemetry``) so that changes between slices
-cannot break the walk. Compression is different: zlib releases the GIL while it
-deflates.
+cannot break the walk.
 
 One scrape is produced at a time; a scrape arriving while one of the same format
 is being produced shares its result, others queue.
@@ -50,9 +52,9 @@ SLICE_SECONDS = 0.0005  # longest the loop renders before letting connections ru
 # waits its turn behind every other busy process, and so would every connection).
 REST_SECONDS = 0.002
 # Level 1: a third of level 5's CPU for about 15% more bytes (telemetry text is
-# repetitive). It runs beside the loop, but on the same machine as the relay.
+# repetitive).
 GZIP_LEVEL = 1
-CHUNK_BYTES = 256 * 1024  # rendered text handed to the compressing thread at once
+ZIP_BYTES = 32 * 1024  # rendered text deflated at once: about 0.1 ms at level 1
 _EOF = b"# EOF\n"
 
 # A piece: a metric family (rendered whole by prometheus_client: a small one, or a
@@ -134,7 +136,7 @@ class Exposition:
                     elif piece is not None:
                         writer.family(piece)
                     await writer.maybe_yield()
-        body = await writer.finish()
+        body = writer.finish()
         self.seconds.set(time.perf_counter() - started)
         self.loop_seconds.set(writer.longest)
         self.loop_cpu_seconds.set(writer.longest_cpu)
@@ -149,11 +151,11 @@ class Exposition:
 def _collector_paused() -> Iterator[None]:
     """No automatic cyclic garbage collection while the sources are walked.
 
-    A source groups its series by family in lists that hold a reference to each
+    A source groups its series by family in containers that hold a reference to each
     (250,000 at 250,000 series), and every collection of the young generations that
-    finds such a list young walks all of its references, a cache miss each: about
-    20 ms per list on this machine, twice per scrape, every connection waiting. The
-    lists are gone when the walk ends; what the relay allocates meanwhile is
+    finds such a container young walks all of its references, a cache miss each:
+    about 20 ms per container on this machine, twice per scrape, every connection
+    waiting. The containers are gone when the walk ends; what the relay allocates meanwhile is
     collected as usual right after (the allocation count keeps growing while paused,
     so the first allocation after it starts the collection that was due).
     """
@@ -170,10 +172,9 @@ def _collector_paused() -> Iterator[None]:
 class _Writer:
     """Renders pieces into a list of byte strings, compressing as it goes.
 
-    Compression runs on a worker thread, a chunk of ``CHUNK_BYTES`` at a time: zlib
-    releases the interpreter lock while it deflates, so the loop serves connections
-    meanwhile (the wait counts as the slice's rest) and the text is compressed in
-    one pass by one compressor, in order.
+    Compression is part of the slices: rendered text is deflated on the loop every
+    ``ZIP_BYTES``, between pieces, so it counts against the slice and the rest as the
+    rendering does.
     """
 
     def __init__(self, open_metrics: bool, compress: bool) -> None:
@@ -194,9 +195,18 @@ class _Writer:
             data = data[: -len(_EOF)]
         if self._zip is None:
             self.parts.append(data)
-        else:
-            self._text.append(data)
-            self._text_bytes += len(data)
+            return
+        self._text.append(data)
+        self._text_bytes += len(data)
+        if self._text_bytes >= ZIP_BYTES:
+            self._deflate()
+
+    def _deflate(self) -> None:
+        assert self._zip is not None
+        data = self._zip.compress(b"".join(self._text))
+        self._text, self._text_bytes = [], 0
+        if data:
+            self.parts.append(data)
 
     def family(self, metric: Metric) -> None:
         self._add(self._render(_One(metric)))
@@ -205,11 +215,7 @@ class _Writer:
         self._add(text.encode())
 
     async def maybe_yield(self) -> None:
-        if self._text_bytes >= CHUNK_BYTES:
-            self._end_slice()
-            await self._compress()
-            self._start_slice()
-        elif time.perf_counter() - self.slice_start >= SLICE_SECONDS:
+        if time.perf_counter() - self.slice_start >= SLICE_SECONDS:
             self._end_slice()
             await trio.sleep(REST_SECONDS)
             self._start_slice()
@@ -222,22 +228,11 @@ class _Writer:
         self.longest = max(self.longest, time.perf_counter() - self.slice_start)
         self.longest_cpu = max(self.longest_cpu, time.thread_time() - self.slice_cpu)
 
-    async def _compress(self, flush: bool = False) -> None:
-        assert self._zip is not None
-        text, self._text, self._text_bytes = b"".join(self._text), [], 0
-        zip_ = self._zip
-
-        def deflate() -> bytes:
-            return zip_.compress(text) + zip_.flush() if flush else zip_.compress(text)
-
-        data = await trio.to_thread.run_sync(deflate)
-        if data:
-            self.parts.append(data)
-
-    async def finish(self) -> list[bytes]:
+    def finish(self) -> list[bytes]:
         if self.open_metrics:
             self._add(_EOF, end=True)
-        self._end_slice()
         if self._zip is not None:
-            await self._compress(flush=True)
+            self._deflate()
+            self.parts.append(self._zip.flush())
+        self._end_slice()
         return self.parts
