@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kproxy.embedded_broker import free_port, wait_for_port  # noqa: E402
+from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port  # noqa: E402
 from tests.support import stop_process as stop_proc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -233,7 +233,7 @@ SCRAPE_WINDOW = 3.0  # seconds per window, without and with scrapes
 SERIES_PER_INSTANCE = 250
 
 
-def scrape_under_load(broker: str, work: Path, sizes: tuple[int, ...],
+def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
                       window: float, rounds: int = 5) -> list[dict[str, float]]:
     """/metrics at growing numbers of client series: how long a scrape takes, and the
     relay's produce p99 without scrapes and while scrapes run back to back.
@@ -244,13 +244,17 @@ def scrape_under_load(broker: str, work: Path, sizes: tuple[int, ...],
     requests a second) runs in its own process through ``rounds`` pairs of windows,
     ``window`` s without scrapes then scrapes back to back (``relay_cost``); the
     ratio is the median of the rounds' ratios, each round's two windows sharing the
-    machine's state of the moment.
+    machine's state of the moment. Measured twice: with every process free to share
+    the cores, and with the proxy on a core of its own (``cores_apart``; the ratio
+    then shows whether requests wait for the scrape, not the machine's scheduler).
     """
     from tests.scrape_load import fill_series, metric_value, relay_cost, scrape
 
+    assert broker.process is not None
+
     port, http, base = free_port(), free_port(), free_port()
     proc = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
-                  "--upstream", broker,
+                  "--upstream", broker.bootstrap,
                   "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}",
                   "--broker-port-base", str(base), "--node-id-range", "111-111",
                   "--telemetry-max-series", str(max(sizes)),
@@ -280,6 +284,14 @@ def scrape_under_load(broker: str, work: Path, sizes: tuple[int, ...],
                        slowest_ms=1000 * cost.slowest,
                        scrape_busy_s=statistics.median(cost.scrapes),
                        scrapes=len(cost.scrapes))
+            apart = relay_cost(bootstrap, http, "scrape-lat", rounds, window, rate=1000,
+                               proxy_pid=proc.pid, broker_pid=broker.process.pid)
+            if apart.cores_apart:
+                row.update(p99_apart_ms=1000 * statistics.median(apart.baseline_p99),
+                           p99_scrape_apart_ms=1000 * statistics.median(apart.during_p99),
+                           ratio_apart=apart.ratio, ratio_apart_min=min(apart.ratios),
+                           ratio_apart_max=max(apart.ratios),
+                           slowest_apart_ms=1000 * apart.slowest)
             rows.append(row)
             print(f"scrape {json.dumps({k: round(v, 3) for k, v in row.items()})}",
                   flush=True)

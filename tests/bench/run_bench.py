@@ -186,7 +186,7 @@ def main() -> int:
         for p in paths[1:]:
             p.results["idle"] = [{str(n): mb for n, mb in idle_connections(p, counts).items()}]
             print(f"idle {p.name}: {p.results['idle'][0]}", flush=True)
-        scrapes = scrape_under_load(brokers["kproxy"].bootstrap, work,
+        scrapes = scrape_under_load(brokers["kproxy"], work,
                                     (2000,) if smoke else SCRAPE_SIZES,
                                     1.0 if smoke else SCRAPE_WINDOW, 2 if smoke else 5)
     finally:
@@ -285,7 +285,7 @@ def only_scrape(args: argparse.Namespace) -> int:
     work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     with TansuBroker(log_path=work / "broker-scrape.log") as broker:
-        rows = scrape_under_load(broker.bootstrap, work, SCRAPE_SIZES, SCRAPE_WINDOW)
+        rows = scrape_under_load(broker, work, SCRAPE_SIZES, SCRAPE_WINDOW)
     saved = Path(args.json)
     data = json.loads(saved.read_text())
     data["scrape"] = rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import gzip
 import math
+import os
 import struct
 import uuid
 from collections.abc import Iterator
@@ -205,25 +206,25 @@ async def test_unknown_api_flood_keeps_metrics_small(nursery: trio.Nursery,
 
 def test_scrape_of_250k_series_does_not_stall_a_producer(tmp_path: Path,
                                                          tansu: TansuBroker) -> None:
-    """Scrapes of 250,000 series beside a producer: no request waits for a scrape.
+    """Scrapes of 250,000 series beside a producer: its p99 stays within 2x, and no
+    request waits for a scrape.
 
     The producer runs in a process of its own throughout, and its latency is compared
     in alternating windows, without scrapes and with scrapes back to back, round by
-    round (``tests/scrape_load.relay_cost``). What is asserted is what the proxy
-    controls and what holds on a loaded machine: the scrape never holds the event loop
-    for more than some milliseconds of CPU (it used to hold it for the whole scrape),
-    and no delivery waits for a scrape (the slowest is a small part of the shortest
-    scrape). The issue's target, the producer's p99 during scrapes within 2x of
-    without, is printed here and measured by `make bench` on a machine kept quiet
-    (docs/benchmarks.md): here the suite's other lane shares the two cores, and the
-    scrape's own CPU (a few tenths of a second per scrape, on the loop and in the
-    gzip thread) competes with the producer and the broker as much as with the
-    proxy, so the ratio measures the machine as much as the proxy: in one run under
-    load, the scrapes moved the p99 of a producer going straight to the broker, not
-    through the proxy at all, by 1.4x.
+    round (``tests/scrape_load.relay_cost``); the ratio is the median of the rounds'.
+    Meanwhile the proxy has a core of its own, the broker, the producer and the
+    scraper the other (``cores_apart``): on two cores shared by everything, an
+    unrelated process busy 5% of the time put this producer's p99 at 5 to 6 ms where
+    quiet windows read 1.7 to 3.5 ms, so the ratio would measure the machine's
+    scheduler rather than whether requests wait for the scrape. (`make bench` reports
+    the ratio both ways, docs/benchmarks.md.)
+    Also asserted: the scrape never holds the event loop for more than some
+    milliseconds of CPU (it used to hold it for the whole scrape), and no delivery
+    waits for a whole scrape (the slowest is a small part of the shortest scrape).
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    assert len(os.sched_getaffinity(0)) >= 2, "this measurement needs two usable CPUs"
     with kproxy_process(tansu.bootstrap, tmp_path, "--telemetry-max-series", "250000",
                         "--telemetry-max-series-bytes", str(512 << 20),
                         "--log-level", "warning") as kp:
@@ -231,10 +232,13 @@ def test_scrape_of_250k_series_does_not_stall_a_producer(tmp_path: Path,
         assert metric_value(kp.http_port, "kproxy_telemetry_series") == 250_000
         admin = AdminClient({"bootstrap.servers": kp.bootstrap})
         admin.create_topics([NewTopic("scrape-lat", num_partitions=1)])["scrape-lat"].result(30)
+        assert tansu.process is not None
         cost = relay_cost(kp.bootstrap, kp.http_port, "scrape-lat", rounds=4, window=2.0,
-                          rate=500)
+                          rate=500, proxy_pid=kp.process.pid, broker_pid=tansu.process.pid)
         print(cost.summary())
+        assert cost.cores_apart
         assert cost.scrapes, "no scrape finished while the producer ran"
+        assert cost.ratio <= 2.0, f"scrapes moved the producer's p99: {cost.summary()}"
         assert max(cost.held_cpu) < 0.02, "a scrape held the event loop for tens of ms on end"
         # No request waited for a whole scrape: the slowest delivery is a small part of
         # the shortest scrape (the scrape used to hold every connection from end to end).
