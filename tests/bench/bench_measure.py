@@ -280,7 +280,7 @@ def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
             row.update(p99_ms=1000 * statistics.median(cost.baseline_p99),
                        p99_scrape_ms=1000 * statistics.median(cost.during_p99),
                        ratio=cost.ratio, ratio_min=min(cost.ratios),
-                       ratio_max=max(cost.ratios), rounds=rounds, window_s=window,
+                       ratio_max=max(cost.ratios), rounds=rounds, window_s=window, warmup=1,
                        slowest_ms=1000 * cost.slowest,
                        scrape_busy_s=statistics.median(cost.scrapes),
                        scrapes=len(cost.scrapes))
