@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -27,13 +29,48 @@ from kproxy.codecs.primitives import Writer
 from kproxy.codecs.registry import spec_for
 from kproxy.embedded_broker import free_port, wait_for_port
 
+BROKER_PORTS_CHECKED = 16  # the brokers a test's range uses, from the base up
+
+
+def broker_port_base() -> int:
+    """A base for per-broker listeners whose first ports are free, below the kernel's
+    range of ephemeral ports.
+
+    ``free_port()`` hands out an ephemeral port, and the ports just above it are
+    ephemeral too: the other lane's outgoing connections take them as source ports at
+    any time (a listener at base + 1 once failed to open). Below that range only an
+    explicit bind takes a port; each xdist lane picks in a slice of its own.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    lane = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    lanes = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    start, end = 10_000, max(10_001, low - 1024)  # room for a range of 1,024 brokers
+    width = (end - start) // lanes
+    first = start + lane * width
+    for _ in range(100):
+        base = random.randrange(first, first + max(1, width - BROKER_PORTS_CHECKED))
+        if all(_bindable(base + n) for n in range(BROKER_PORTS_CHECKED)):
+            return base
+    return free_port()  # no free block found: fall back to the old choice
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 def make_config(upstream: str, config_file: Path | None = None,
                 **overrides: Any) -> config_mod.Config:
     """A Config with free loopback ports, as `kproxy run` flags would build it."""
     values: dict[str, Any] = {"upstream": upstream, "listen": "127.0.0.1:0",
                               "http": "127.0.0.1:0",
-                              "broker_port_base": str(free_port()),
+                              "broker_port_base": str(broker_port_base()),
                               "node_id_range": "111-111", "discovery_interval": "2"}
     values.update({k: str(v) for k, v in overrides.items()})
     ns = argparse.Namespace(config=str(config_file) if config_file else None,
@@ -149,7 +186,7 @@ class KproxyProcess:
 def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
                    node_id_range: str = "111-111", env: dict[str, str] | None = None,
                    preexec: Callable[[], None] | None = None) -> Iterator[KproxyProcess]:
-    bootstrap, http, base = free_port(), free_port(), free_port()
+    bootstrap, http, base = free_port(), free_port(), broker_port_base()
     log_path = tmp_path / f"kproxy-{bootstrap}.log"
     # One process unless a test asks for workers (--workers N after, which wins).
     cmd = [sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
