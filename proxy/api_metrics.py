@@ -14,31 +14,29 @@ without their ``_created`` samples.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
-from typing import cast
+from collections.abc import Iterator
 
 from prometheus_client.core import Metric
-from prometheus_client.utils import floatToGoString
 
 from kproxy.codecs.api_keys import API_KEYS, api_name
-from kproxy.exposition import Piece
+from kproxy.exposition import Piece, value_text
 
 UNKNOWN_API = -1  # every api key the proxy does not know shares one label, "unknown"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0)
 PIECE_APIS = 4  # APIs per piece of the exposition (a histogram is 18 lines an API)
 
-_float_text = cast(Callable[[float], str], floatToGoString)
-_LE = [_float_text(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+_LE = [value_text(b) for b in LATENCY_BUCKETS] + ["+Inf"]
 
 
 class ApiStats:
     """One API's figures since start; counters only grow."""
 
-    __slots__ = ("buckets", "label", "latency_sum", "request_bytes", "requests",
+    __slots__ = ("buckets", "label", "latency_sum", "name", "request_bytes", "requests",
                  "response_bytes")
 
     def __init__(self, name: str) -> None:
+        self.name = name
         self.label = f'api="{name}"'  # API names are the protocol's: nothing to escape
         self.requests = 0
         self.request_bytes = 0
@@ -86,7 +84,7 @@ class ApiFigures:
 
     def labels(self) -> set[str]:
         """The ``api`` label values in use (made-up keys share ``unknown``)."""
-        return {s.label[5:-1] for s in self._by_key.values()}
+        return {s.name for s in self._by_key.values()}
 
     def pieces(self) -> Iterator[Piece]:
         """The four families, in the order the APIs were first seen."""
@@ -94,7 +92,7 @@ class ApiFigures:
         for name, help_text, attr in self.FAMILIES:
             yield Metric(name, help_text, "counter")
             for start in range(0, len(stats), PIECE_APIS):
-                yield "".join([f"{name}_total{{{s.label}}} {_float_text(getattr(s, attr))}\n"
+                yield "".join([f"{name}_total{{{s.label}}} {value_text(getattr(s, attr))}\n"
                                for s in stats[start : start + PIECE_APIS]])
         name, help_text = self.LATENCY
         yield Metric(name, help_text, "histogram")
@@ -107,7 +105,7 @@ def _histogram_lines(name: str, s: ApiStats) -> str:
     running = 0
     for le, n in zip(_LE, s.buckets, strict=True):
         running += n
-        out.append(f'{name}_bucket{{{s.label},le="{le}"}} {_float_text(running)}\n')
-    out.append(f"{name}_count{{{s.label}}} {_float_text(running)}\n")
-    out.append(f"{name}_sum{{{s.label}}} {_float_text(s.latency_sum)}\n")
+        out.append(f'{name}_bucket{{{s.label},le="{le}"}} {value_text(running)}\n')
+    out.append(f"{name}_count{{{s.label}}} {value_text(running)}\n")
+    out.append(f"{name}_sum{{{s.label}}} {value_text(s.latency_sum)}\n")
     return "".join(out)

@@ -5,15 +5,13 @@ Kept apart from the push handlers: this side only reads the store, at scrape tim
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.utils import floatToGoString as _untyped_float_text
 
-from kproxy.exposition import Piece
+from kproxy.exposition import Piece, value_text
 from kproxy.policies.telemetry_store import INSTANCE_LABELS, Family, Labels, Series
 
 if TYPE_CHECKING:
@@ -79,17 +77,6 @@ class ClientMetricsCollector:
                 yield _sample_lines(family, [left.popleft() for _ in range(min(step, len(left)))])
 
 
-_float_text = cast(Callable[[float], str], _untyped_float_text)  # Prometheus' float text
-
-
-def _value_text(value: float) -> str:
-    """``_float_text``, the common case first: a float below 1e6 (and no infinity or
-    NaN) reads the same in Prometheus' text as Python's repr, and costs a third."""
-    if -math.inf < value < 1e6 and value.__class__ is float:
-        return repr(value)
-    return _float_text(value)
-
-
 def _escape(value: str) -> str:
     if "\\" in value or "\n" in value or '"' in value:
         return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -119,10 +106,10 @@ def _sample_lines(family: Family, series: list[Series]) -> str:
         for s in series:
             text = s.head + s.tail
             for le, count in s.cumulative_buckets():
-                out.append(f'{name}_bucket{{{text},le="{le}"}} {_value_text(count)}\n')
-            out.append(f"{name}_count{{{text}}} {_value_text(s.count)}\n")
-            out.append(f"{name}_sum{{{text}}} {_value_text(s.sum)}\n")
+                out.append(f'{name}_bucket{{{text},le="{le}"}} {value_text(count)}\n')
+            out.append(f"{name}_count{{{text}}} {value_text(s.count)}\n")
+            out.append(f"{name}_sum{{{text}}} {value_text(s.sum)}\n")
         return "".join(out)
     sample = name + "_total" if family.kind == "counter" else name
-    return "".join([f"{sample}{{{s.head}{s.tail}}} {_value_text(s.value)}\n"
+    return "".join([f"{sample}{{{s.head}{s.tail}}} {value_text(s.value)}\n"
                     for s in series])

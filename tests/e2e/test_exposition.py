@@ -28,11 +28,11 @@ from prometheus_client.utils import floatToGoString
 from kproxy.codecs import api_keys
 from kproxy.codecs.otlp import decode_metrics_data
 from kproxy.embedded_broker import TansuBroker
-from kproxy.exposition import Exposition
+from kproxy.exposition import Exposition, value_text
 from kproxy.metrics import ProxyMetrics
 from kproxy.server import Proxy
 from kproxy.telemetry import TelemetryService
-from kproxy.telemetry_exposition import ClientMetricsCollector, _value_text
+from kproxy.telemetry_exposition import ClientMetricsCollector
 
 from ..otlp_samples import librdkafka_like_payload
 from ..scrape_load import fill_series, metric_value, relay_cost
@@ -114,7 +114,7 @@ async def test_sliced_exposition_matches_prometheus_client() -> None:
 def test_value_text_is_prometheus_float_text() -> None:
     values = [0.0, -0.0, 1.0, 0.1, 1e-7, 3.14159, 999_999.9, 1e6, 1_234_567.0, 2.0**53,
               1e16, 1e300, -1.5, -5e6, -1e300, math.inf, -math.inf, math.nan]
-    assert [_value_text(v) for v in values] == [floatToGoString(v) for v in values]
+    assert [value_text(v) for v in values] == [floatToGoString(v) for v in values]
 
 
 async def test_label_text_is_kept_and_a_scrape_reads_as_the_first() -> None:
