@@ -65,6 +65,7 @@ def _bindable(port: int) -> bool:
             return False
     return True
 
+
 def make_config(upstream: str, config_file: Path | None = None,
                 **overrides: Any) -> config_mod.Config:
     """A Config with free loopback ports, as `kproxy run` flags would build it."""

@@ -16,7 +16,7 @@ from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
 
 from ..fake_broker import FakeBroker
-from ..support import RawClient, encode_request, kproxy_process
+from ..support import RawClient, broker_port_base, encode_request, kproxy_process
 
 METADATA_V12 = {"topics": [], "allow_auto_topic_creation": False,
                 "include_topic_authorized_operations": False}
@@ -105,7 +105,7 @@ async def test_sigterm_drains_in_flight_then_exits_zero(nursery: trio.Nursery,
         [sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
          "--upstream", fake.bootstrap,
          "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
-         "--broker-port-base", str(free_port()), "--node-id-range", "0-0",
+         "--broker-port-base", str(broker_port_base()), "--node-id-range", "0-0",
          "--drain-timeout", "10"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -23,7 +23,7 @@ from kproxy.policies.handlers import LocalHandler
 from kproxy.server import Proxy
 
 from ..fake_broker import FakeBroker
-from ..support import RawClient, encode_request, make_config
+from ..support import RawClient, broker_port_base, encode_request, make_config
 
 METADATA_V12 = {"topics": [], "allow_auto_topic_creation": False,
                 "include_topic_authorized_operations": False}
@@ -265,7 +265,7 @@ async def test_reuse_port_lets_two_proxies_share_their_ports(
     from kproxy.embedded_broker import free_port
 
     try:
-        listen_port, base = free_port(), free_port()
+        listen_port, base = free_port(), broker_port_base()
         shared = {"listen": f"127.0.0.1:{listen_port}", "broker_port_base": base,
                   "reuse_port": "on"}
         proxies = [await start_proxy(nursery, tansu_bg.bootstrap, **shared) for _ in range(2)]

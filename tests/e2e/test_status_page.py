@@ -22,7 +22,7 @@ from kproxy.server import Proxy
 from kproxy.status import MAX_GROUPS, MAX_TEXT, snapshot
 from kproxy.status_page import render
 
-from ..support import RawClient, http_get, make_config, stop_process
+from ..support import RawClient, broker_port_base, http_get, make_config, stop_process
 
 EVIL = '<script>alert("x")</script>&'
 
@@ -186,7 +186,7 @@ def test_make_run_prints_the_status_page_url(tmp_path: Path) -> None:
     broker, listen, http = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kproxy.cli", "demo", "--broker-port", str(broker),
-         "--listen", f"127.0.0.1:{listen}", "--broker-port-base", str(free_port()),
+         "--listen", f"127.0.0.1:{listen}", "--broker-port-base", str(broker_port_base()),
          "--node-id-range", "111-111", "--http", f"127.0.0.1:{http}",
          "--archive", str(tmp_path / "archive")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)

@@ -25,7 +25,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
 
-from ..support import stop_process
+from ..support import broker_port_base, stop_process
 
 pytestmark = pytest.mark.broker
 REPLACEMENTS = 3
@@ -188,7 +188,7 @@ def test_replacing_the_proxy_process_by_process_drops_no_client(
     topic = f"upgrade-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    listen, base = free_port(), free_port()
+    listen, base = free_port(), broker_port_base()
     bootstrap = f"127.0.0.1:{listen}"
     traffic, consumer_done = Traffic(), threading.Event()
     with generations(tmp_path) as gens:
