@@ -1,6 +1,6 @@
 """One client connection's protocol state and decisions, without I/O (h11's shape).
 
-The session (``kproxy.session``) owns the sockets, buffers, ordering and timeouts. It
+The session (``kproxy.session.session``) owns the sockets, buffers, ordering and timeouts. It
 tells a ``ConnectionState`` what it saw — a request's header, a response, a topology
 change — and applies what it gets back: forward this frame (as received, or these
 bytes at that upstream version), answer this locally, replace this response, close

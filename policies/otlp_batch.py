@@ -4,7 +4,7 @@ Accepted pushes wait in a queue bounded in bytes; a batch leaves when it is big
 enough or its oldest push old enough. A failed send is retried with exponential
 backoff (or after the collector's Retry-After) until a time budget runs out. Every
 push ends with exactly one outcome. Time is passed in (seconds); nothing here does I/O,
-so the exporter shell (``kproxy.otlp_export``) only awaits what this module decides.
+so the exporter shell (``kproxy.telemetry.otlp_export``) only awaits what this module decides.
 """
 
 from __future__ import annotations

@@ -13,15 +13,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kproxy.codecs import compression, otlp
+from kproxy.codecs import compression
 from kproxy.codecs.compression import DecompressionLimitExceeded
 from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.otlp_decode import (
+from kproxy.codecs.otlp import model as otlp
+from kproxy.codecs.otlp.decode import (
     OtlpLimitExceeded,
     decode_metrics_data,
 )
-from kproxy.codecs.otlp_shape import Shape
+from kproxy.codecs.otlp.shape import Shape
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.telemetry_store import Landing
 from kproxy.policies.telemetry_subscriptions import Resolved, TelemetrySettings, resolve
@@ -50,7 +51,7 @@ LAST_PUSH_OVERHEAD = 256  # bytes a LastPush holds beside its per-point slots
 
 @dataclass(frozen=True, slots=True)
 class LastPush:
-    """A client's last small push: where its numbers lie (``codecs.otlp_shape``) and
+    """A client's last small push: where its numbers lie (``codecs.otlp.shape``) and
     which series its points updated, so that its next push, shaped the same, updates
     them from its values alone, without a decode."""
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Literal, cast
 
-from kproxy.codecs import otlp
+from kproxy.codecs.otlp import model as otlp
 from kproxy.policies.bounds import (
     MAX_HELP_CHARS,
     MAX_LABEL_CHARS,
@@ -117,7 +117,7 @@ class Family:
 class Landing:
     """The series each number point of one push updated, in push order, and whether
     it adds up under delta temporality: a later push shaped the same (the same
-    metrics and attributes, see ``codecs.otlp_shape``) updates the same series.
+    metrics and attributes, see ``codecs.otlp.shape``) updates the same series.
 
     A point the series cap kept out has no series (None); ``capped`` holds its
     family, which must still be the one registered for a repeat to be dropped the

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.codecs.crc32c import crc32c
-from kproxy.codecs.otlp_decode import DEFAULT_LIMITS, DecodeLimits
+from kproxy.codecs.otlp.decode import DEFAULT_LIMITS, DecodeLimits
 
 MATCH_KEYS = ("client_instance_id", "client_id", "client_software_name",
               "client_software_version", "client_source_address", "client_source_port")

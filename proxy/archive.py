@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.otlp import to_otlp_json
+from kproxy.codecs.otlp.model import to_otlp_json
 from kproxy.logs import RateLimitedLog
 from kproxy.policies.bounds import MAX_FIELD_CHARS, bounded
 
@@ -127,7 +127,7 @@ class ArchiveWriter:
         self._submit("connections", line, len(line))
 
     def group_rebalance(self, record: dict[str, Any]) -> None:
-        """One completed consumer-group rebalance (kproxy.groups)."""
+        """One completed consumer-group rebalance (kproxy.metrics.groups)."""
         line = json.dumps(_bounded_record(record), separators=(",", ":"), default=str)
         self._submit("groups", line, len(line))
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kproxy import (
-    __version__,
-    decode_command,
-    demo_command,
-    embedded_command,
-    run_command,
-)
+from kproxy import __version__
+from kproxy.commands import decode as decode_command
+from kproxy.commands import demo as demo_command
+from kproxy.commands import embedded as embedded_command
+from kproxy.commands import run as run_command
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kproxy.backend_watch import BackendWatch
-from kproxy.config import Config
+from kproxy.config.settings import Config
 from kproxy.memory import MemoryBudget
-from kproxy.metrics import ProxyMetrics
-from kproxy.parking import ParkingLot
+from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies.connection import Handlers
 from kproxy.policies.proxy_state import ProxyState
-from kproxy.session_events import SessionEvents
-from kproxy.upstream import UpstreamConnector
+from kproxy.runtime.backend_watch import BackendWatch
+from kproxy.runtime.upstream import UpstreamConnector
+from kproxy.session.events import SessionEvents
+from kproxy.session.parking import ParkingLot
 
 
 @dataclass

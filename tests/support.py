@@ -20,13 +20,13 @@ from typing import Any
 
 import trio
 
-from kproxy import config as config_mod
 from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.headers import RequestHeader, write_request_header
 from kproxy.codecs.interpreter import encode_into
 from kproxy.codecs.messages import Response, decode_response
 from kproxy.codecs.primitives import Writer
 from kproxy.codecs.registry import spec_for
+from kproxy.config import settings as config_mod
 from kproxy.embedded_broker import free_port, wait_for_port
 
 BROKER_PORTS_CHECKED = 16  # the brokers a test's range uses, from the base up

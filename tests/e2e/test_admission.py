@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from kproxy.admission import plan_budget
 from kproxy.codecs import api_keys
 from kproxy.codecs.framing import FrameReader
 from kproxy.embedded_broker import TansuBroker
-from kproxy.server import Proxy
+from kproxy.runtime.admission import plan_budget
+from kproxy.runtime.server import Proxy
 
 from ..support import (
     KproxyProcess,

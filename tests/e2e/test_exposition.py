@@ -26,13 +26,13 @@ from prometheus_client.parser import text_string_to_metric_families as text_pars
 from prometheus_client.utils import floatToGoString
 
 from kproxy.codecs import api_keys
-from kproxy.codecs.otlp import decode_metrics_data
+from kproxy.codecs.otlp.model import decode_metrics_data
 from kproxy.embedded_broker import TansuBroker
-from kproxy.exposition import Exposition, value_text
-from kproxy.metrics import ProxyMetrics
-from kproxy.server import Proxy
-from kproxy.telemetry import TelemetryService
-from kproxy.telemetry_exposition import ClientMetricsCollector
+from kproxy.metrics.exposition import Exposition, value_text
+from kproxy.metrics.proxy_metrics import ProxyMetrics
+from kproxy.runtime.server import Proxy
+from kproxy.telemetry.exposition import ClientMetricsCollector
+from kproxy.telemetry.service import TelemetryService
 
 from ..otlp_samples import librdkafka_like_payload
 from ..scrape_load import fill_series, metric_value, relay_cost

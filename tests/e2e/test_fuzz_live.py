@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker
-from kproxy.server import Proxy
+from kproxy.runtime.server import Proxy
 
 from ..conftest import load_vectors
 from ..support import RawClient, encode_request, make_config

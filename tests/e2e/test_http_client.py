@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from kproxy.http_client import MAX_RESPONSE_BYTES, Endpoint, HttpClient, HttpError
+from kproxy.http.client import MAX_RESPONSE_BYTES, Endpoint, HttpClient, HttpError
 
 Serve = Callable[[trio.SocketStream, int], Awaitable[None]]
 

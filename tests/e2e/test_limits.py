@@ -17,7 +17,7 @@ import trio
 
 from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker
-from kproxy.server import Proxy
+from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
 from ..support import (

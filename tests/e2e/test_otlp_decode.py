@@ -12,8 +12,9 @@ import trio
 import trio.testing
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy.codecs import compression, otlp
-from kproxy.codecs.otlp_decode import (
+from kproxy.codecs import compression
+from kproxy.codecs.otlp import model as otlp
+from kproxy.codecs.otlp.decode import (
     BUILD_WORK,
     STEP_WORK,
     DecodeLimits,
@@ -21,9 +22,9 @@ from kproxy.codecs.otlp_decode import (
     OtlpLimitExceeded,
     decode_metrics_data,
 )
-from kproxy.pacing import Pacer
 from kproxy.policies import telemetry as t
 from kproxy.policies import telemetry_subscriptions as subs
+from kproxy.telemetry.pacing import Pacer
 
 from ..hostile_pusher import bomb, varint
 from ..otlp_samples import kv, librdkafka_like_payload, real_payloads
@@ -221,7 +222,7 @@ async def test_a_refused_bomb_is_answered_in_request_order_and_counted(
     answer leaves between theirs, in request order; the connection then carries on."""
     from kproxy.codecs import api_keys
     from kproxy.codecs.peek import peek_correlation_id
-    from kproxy.server import Proxy
+    from kproxy.runtime.server import Proxy
 
     from ..fake_broker import FakeBroker
     from ..support import RawClient, encode_request, http_get, make_config

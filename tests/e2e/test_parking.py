@@ -1,4 +1,4 @@
-"""Idle sessions park: their tasks end, their sockets and state stay (kproxy.parking).
+"""Idle sessions park: their tasks end, their sockets and state stay (kproxy.session.parking).
 
 Everything that reaches a running session must reach a parked one the same way: the
 client's next request, either side closing, the idle timeout and a reload of it, a
@@ -25,11 +25,11 @@ import pytest
 import trio
 import trustme
 
-from kproxy import parking
 from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker
 from kproxy.policies import timeouts
-from kproxy.server import Proxy
+from kproxy.runtime.server import Proxy
+from kproxy.session import parking
 
 from ..fake_broker import FakeBroker
 from ..support import RawClient, encode_request, http_get

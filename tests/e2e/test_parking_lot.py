@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from kproxy import parking
-from kproxy.parking import ParkingLot
+from kproxy.session import parking
+from kproxy.session.parking import ParkingLot
 
 
 class StandIn:

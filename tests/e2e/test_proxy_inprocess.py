@@ -20,7 +20,7 @@ from kproxy.codecs.peek import RequestPeek, peek_correlation_id
 from kproxy.embedded_broker import TansuBroker
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.handlers import LocalHandler
-from kproxy.server import Proxy
+from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
 from ..support import RawClient, broker_port_base, encode_request, make_config
@@ -289,7 +289,7 @@ async def test_reuse_port_lets_two_proxies_share_their_ports(
 
 async def test_without_reuse_port_a_taken_port_is_refused() -> None:
     from kproxy.embedded_broker import free_port
-    from kproxy.listeners import open_listeners
+    from kproxy.runtime.listeners import open_listeners
 
     port = free_port()
     held = await open_listeners("127.0.0.1", port, reuse_port=False)

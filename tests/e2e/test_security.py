@@ -23,7 +23,7 @@ import trustme
 from kproxy.codecs import api_keys
 from kproxy.codecs.messages import decode_response
 from kproxy.embedded_broker import TansuBroker, free_port
-from kproxy.server import Proxy
+from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
 from ..support import RawClient, encode_request, http_get, make_config
@@ -176,7 +176,7 @@ async def test_tls_handshake_timeout_closes_a_silent_connection(
 
 
 def test_unreadable_certificate_is_a_clear_start_error(tmp_path: Path, pki: Pki) -> None:
-    from kproxy.config import ConfigError
+    from kproxy.config.settings import ConfigError
 
     bad = tmp_path / "not-a-cert.pem"
     bad.write_text("hello")

@@ -18,9 +18,9 @@ import trio
 
 from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
-from kproxy.server import Proxy
-from kproxy.status import MAX_GROUPS, MAX_TEXT, snapshot
-from kproxy.status_page import render
+from kproxy.http.status import MAX_GROUPS, MAX_TEXT, snapshot
+from kproxy.http.status_page import render
+from kproxy.runtime.server import Proxy
 
 from ..support import RawClient, broker_port_base, http_get, make_config, stop_process
 

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from kproxy.codecs import api_keys, compression
-from kproxy.server import Proxy
+from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
 from ..otlp_samples import librdkafka_like_payload

@@ -7,7 +7,7 @@ import os
 import trio
 import trio.testing
 
-from kproxy.transport import (
+from kproxy.session.transport import (
     FAIRNESS_OPS,
     SocketTransport,
     StreamTransport,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kproxy.embedded_broker import TansuBroker
-from kproxy.metrics_merge import merge_expositions
+from kproxy.metrics.merge import merge_expositions
 
 from ..support import kproxy_process
 

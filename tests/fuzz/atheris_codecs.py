@@ -27,9 +27,10 @@ with atheris.instrument_imports():
         walk_response,
     )
 
-    from kproxy.codecs import compression, messages, otlp
+    from kproxy.codecs import compression, messages
     from kproxy.codecs.errors import CodecError
     from kproxy.codecs.framing import FrameReader
+    from kproxy.codecs.otlp import model as otlp
     from kproxy.codecs.peek import peek_request, peek_response_error
     from kproxy.codecs.registry import DECODED
 

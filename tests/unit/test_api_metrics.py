@@ -10,9 +10,9 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_gener
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
-from kproxy.api_metrics import LATENCY_BUCKETS, PIECE_APIS, ApiFigures
 from kproxy.codecs.api_keys import API_KEYS, api_name
-from kproxy.exposition import Exposition
+from kproxy.metrics.api_metrics import LATENCY_BUCKETS, PIECE_APIS, ApiFigures
+from kproxy.metrics.exposition import Exposition
 
 _FAMILIES = {"kproxy_requests", "kproxy_request_bytes", "kproxy_response_bytes",
              "kproxy_request_latency_seconds"}

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from kproxy import backend_watch
-from kproxy.backend_watch import BackendWatch
 from kproxy.logs import RateLimitedLog
-from kproxy.metrics import ProxyMetrics
+from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies.addressing import BrokerAddress, PortMap
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.policies.rewrite import Seen
-from kproxy.upstream import BootstrapRotation, UpstreamUnavailable
+from kproxy.runtime import backend_watch
+from kproxy.runtime.backend_watch import BackendWatch
+from kproxy.runtime.upstream import BootstrapRotation, UpstreamUnavailable
 
 OLD, NEW = ("10.0.0.1", 9092), ("10.0.0.2", 9092)
 

@@ -8,9 +8,9 @@ import uuid
 from pathlib import Path
 
 from kproxy.archive import ArchiveSettings, ArchiveWriter
-from kproxy.codecs import otlp
+from kproxy.codecs.otlp import model as otlp
 from kproxy.logs import JsonFormatter, RateLimitedLog, TextFormatter
-from kproxy.metrics import ProxyMetrics
+from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies import telemetry as t
 from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded

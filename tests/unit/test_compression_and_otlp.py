@@ -13,9 +13,10 @@ import pytest
 import snappy
 import zstandard
 
-from kproxy.codecs import compression, otlp
+from kproxy.codecs import compression
 from kproxy.codecs.compression import CompressionType, DecompressionLimitExceeded
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.otlp import model as otlp
 
 from ..otlp_samples import librdkafka_like_payload
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy import config as config_mod
+from kproxy.config import settings as config_mod
 
 
 def _args(*argv: str) -> argparse.Namespace:

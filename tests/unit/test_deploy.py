@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kproxy import config as config_mod
+from kproxy.config import settings as config_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"

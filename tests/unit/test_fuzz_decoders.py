@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kproxy.codecs import compression, messages, otlp
+from kproxy.codecs import compression, messages
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.otlp import model as otlp
 from kproxy.codecs.peek import peek_request
 from kproxy.codecs.registry import DECODED
 

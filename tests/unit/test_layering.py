@@ -66,7 +66,7 @@ def test_codecs_import_no_policy(path: Path) -> None:
 
 UNIT_TESTS = sorted((ROOT / "tests" / "unit").glob("test_*.py"))
 # What would make a unit test start a broker, a proxy or a socket.
-NOT_IN_UNIT_TESTS = ("kproxy.embedded_broker", "kproxy.server", "socket", "fake_broker",
+NOT_IN_UNIT_TESTS = ("kproxy.embedded_broker", "kproxy.runtime.server", "socket", "fake_broker",
                      "kproxy_process", "RawClient", "confluent_kafka")
 
 
@@ -76,3 +76,97 @@ def test_unit_tests_need_no_network(path: Path) -> None:
     found = [name for name in NOT_IN_UNIT_TESTS
              if re.search(rf"^\s*(from|import) .*\b{re.escape(name)}\b", text, re.M)]
     assert not found, f"{path.name} belongs in tests/e2e: it uses {found}"
+
+
+# The I/O shell's sub-packages and the directions between them (docs/architecture.md
+# draws the same map). A top-level module is a unit of its own ("cli", "context", ...).
+# The sans-IO core (codecs, policies) may be imported from anywhere in the shell.
+SHELL = ROOT / "proxy"
+ALLOWED: dict[str, set[str]] = {
+    "cli": {"commands"},
+    "commands": {"config", "runtime", "embedded_broker", "logs"},
+    "runtime": {"config", "session", "http", "metrics", "telemetry", "context", "archive",
+                "memory", "logs", "embedded_broker"},
+    "context": {"config", "session", "runtime", "metrics", "memory"},
+    "session": {"config", "metrics", "context", "archive", "memory", "logs"},
+    "telemetry": {"config", "metrics", "http", "runtime", "archive", "logs"},
+    "http": {"runtime", "session"},
+    "metrics": {"http", "archive"},
+    "config": set(),
+    "archive": {"logs"},
+    "memory": set(),
+    "logs": set(),
+    "embedded_broker": set(),
+    "__init__": set(),
+}
+# Who may read the running proxy, and only as a type: the routes, the status snapshot
+# and the exporter see ``kproxy.runtime.server.Proxy`` and nothing else of runtime/.
+TYPE_ONLY_RUNTIME = {"http", "telemetry"}
+SHELL_FILES = sorted(SHELL.rglob("*.py"))
+
+
+def _unit(path: Path) -> str:
+    parts = path.relative_to(SHELL).parts
+    return parts[0] if len(parts) > 1 else path.stem
+
+
+def _unit_of_module(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] in ("codecs", "policies", "pipeline", "__version__"):
+        return None
+    return parts[1]
+
+
+def _shell_imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported kproxy module, whether it sits under ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            typing_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found: list[tuple[str, bool]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "kproxy":
+            found += [(f"kproxy.{a.name}", id(node) in typing_only) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith("kproxy.")):
+            found.append((node.module, id(node) in typing_only))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, id(node) in typing_only) for a in node.names
+                      if a.name.startswith("kproxy.")]
+    return found
+
+
+def test_every_shell_unit_has_a_rule() -> None:
+    units = {_unit(p) for p in SHELL_FILES}
+    assert units == set(ALLOWED), f"add a rule for {sorted(units - set(ALLOWED))}"
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_shell_module_imports_only_in_allowed_directions(path: Path) -> None:
+    unit = _unit(path)
+    bad = set()
+    for module, typing_only in _shell_imports(path):
+        target = _unit_of_module(module)
+        if target is None or target == unit:
+            continue
+        if target not in ALLOWED[unit]:
+            bad.add(module)
+        elif target == "runtime" and unit in TYPE_ONLY_RUNTIME and (
+                module != "kproxy.runtime.server" or not typing_only):
+            bad.add(f"{module} (only kproxy.runtime.server, under TYPE_CHECKING)")
+    assert not bad, f"{path.relative_to(ROOT)} ({unit}) imports {sorted(bad)}"
+
+
+def test_top_level_of_the_shell_stays_small() -> None:
+    top = [p for p in SHELL.glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= 12, sorted(p.name for p in top)
+    for package in (p for p in SHELL.iterdir() if (p / "__init__.py").exists()):
+        modules = [m for m in package.glob("*.py") if m.name != "__init__.py"]
+        assert len(modules) <= 15, f"{package.name} holds {len(modules)} modules"
+
+
+@pytest.mark.parametrize("folder", ["codecs", "policies"])
+def test_sans_io_top_levels_stay_small(folder: str) -> None:
+    top = [p for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= 20, sorted(p.name for p in top)

@@ -12,10 +12,9 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy import config as config_mod
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.otlp_export import encode_body, export_request, rejected_points
-from kproxy.latency_sketch import LatencySketch, bucket_of, merge, quantile, upper_bound
+from kproxy.codecs.otlp.export import encode_body, export_request, rejected_points
+from kproxy.config import settings as config_mod
 from kproxy.policies import otlp_batch
 from kproxy.policies.otlp_batch import (
     Batch,
@@ -25,6 +24,7 @@ from kproxy.policies.otlp_batch import (
     RetryPolicy,
     parse_retry_after,
 )
+from kproxy.session.latency_sketch import LatencySketch, bucket_of, merge, quantile, upper_bound
 
 from ..support import make_config
 

@@ -15,11 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy.codecs import otlp, otlp_shape
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.otlp_decode import DEFAULT_LIMITS, DecodeLimits, decode_metrics_data
-from kproxy.codecs.otlp_shape import RecentShapes, shape_of
-from kproxy.codecs.otlp_small import SMALL_POINTS, decode_small
+from kproxy.codecs.otlp import model as otlp
+from kproxy.codecs.otlp import shape as otlp_shape
+from kproxy.codecs.otlp.decode import DEFAULT_LIMITS, DecodeLimits, decode_metrics_data
+from kproxy.codecs.otlp.shape import RecentShapes, shape_of
+from kproxy.codecs.otlp.small import SMALL_POINTS, decode_small
 
 from ..hostile_pusher import varint
 from ..otlp_samples import kv, librdkafka_like_payload, random_metrics_data, real_payloads

@@ -8,8 +8,6 @@ from kproxy.codecs import api_keys, interpreter
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_response, encode_response_parts
 from kproxy.codecs.schemas import api_versions, node_endpoints
-from kproxy.errors import ProtocolViolation
-from kproxy.inflight import OrderedResponses
 from kproxy.policies.addressing import BrokerAddress, PortMap
 from kproxy.policies.api_versions import cap_api_versions, default_caps
 from kproxy.policies.handlers import standard_handlers
@@ -21,6 +19,8 @@ from kproxy.policies.rewrite import (
     rewrite_response_frame,
 )
 from kproxy.policies.topology import BackendView
+from kproxy.session.errors import ProtocolViolation
+from kproxy.session.inflight import OrderedResponses
 
 PM = PortMap("proxy.example", 30000, 40000, 1001, 1003)
 
@@ -199,7 +199,7 @@ def test_ordered_responses_release_strictly_in_order() -> None:
 
 
 def test_acks0_memory_is_bounded() -> None:
-    from kproxy.inflight import ACKS0_REMEMBERED
+    from kproxy.session.inflight import ACKS0_REMEMBERED
 
     q = OrderedResponses()
     for cid in range(ACKS0_REMEMBERED * 3):

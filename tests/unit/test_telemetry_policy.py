@@ -153,7 +153,7 @@ def test_expiry_and_lru_bound_forget_instances() -> None:
 
 
 def test_store_kinds_names_and_labels() -> None:
-    from kproxy.codecs import otlp
+    from kproxy.codecs.otlp import model as otlp
 
     store = MetricsStore(prefix="kafka_client_")
     stats = store.ingest(ID, {"client_instance_id": str(ID), "client_id": "app"},
@@ -172,7 +172,7 @@ def test_store_kinds_names_and_labels() -> None:
 
 
 def test_store_accumulates_deltas_and_caps_series() -> None:
-    from kproxy.codecs import otlp
+    from kproxy.codecs.otlp import model as otlp
 
     def delta_payload(value: int, node: int) -> list[otlp.ResourceMetrics]:
         return [otlp.ResourceMetrics({}, [otlp.ScopeMetrics("s", "1", [otlp.Metric(

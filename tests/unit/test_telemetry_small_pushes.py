@@ -15,17 +15,18 @@ import pytest
 import trio
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy import telemetry
-from kproxy.codecs import api_keys, compression, otlp
+from kproxy.codecs import api_keys, compression
 from kproxy.codecs.messages import encode_response_parts
-from kproxy.codecs.otlp_decode import DecodeLimits, decode_metrics_data
-from kproxy.codecs.otlp_small import SMALL_POINTS, decode_small
+from kproxy.codecs.otlp import model as otlp
+from kproxy.codecs.otlp.decode import DecodeLimits, decode_metrics_data
+from kproxy.codecs.otlp.small import SMALL_POINTS, decode_small
 from kproxy.codecs.peek import peek_request
-from kproxy.metrics import ProxyMetrics
+from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies import telemetry as policy
 from kproxy.policies.connection import ClientInfo, ConnectionState
 from kproxy.policies.telemetry_store import MetricsStore
-from kproxy.telemetry import TelemetryService
+from kproxy.telemetry import service as telemetry
+from kproxy.telemetry.service import TelemetryService
 
 from ..otlp_samples import kv
 from ..support import encode_request, make_config

@@ -1,0 +1,3 @@
+"""The ``kproxy`` subcommands (run, demo, decode, embedded-broker); ``kproxy.cli``
+dispatches to them.
+"""

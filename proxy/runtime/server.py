@@ -1,0 +1,299 @@
+"""The proxy process: wires the services together and serves the listeners.
+
+``Proxy`` builds what sessions share (``SessionServices``: the policy state, the
+handler table, the memory budget, the upstream connector, event reporting, the
+backend watch), opens the bootstrap listener and the HTTP endpoint, runs discovery,
+and accepts connections: admission, TLS (and SNI routing), then one ``Session`` per
+connection. Signals, reload and drain are ``kproxy.runtime.lifecycle``'s; per-broker
+listeners ``kproxy.runtime.broker_listeners``'; HTTP routes ``kproxy.http.routes``'.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import trio
+from prometheus_client import Gauge
+
+from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
+from kproxy.codecs import api_keys
+from kproxy.config.settings import Config
+from kproxy.context import SessionServices
+from kproxy.http.routes import routes
+from kproxy.http.server import HttpServer
+from kproxy.logs import RateLimitedLog
+from kproxy.memory import MemoryBudget
+from kproxy.metrics.exposition import Exposition
+from kproxy.metrics.groups import GroupService
+from kproxy.metrics.proxy_metrics import ProxyMetrics
+from kproxy.policies.api_versions import default_caps
+from kproxy.policies.groups import GroupLimits
+from kproxy.policies.handlers import LocalHandler, standard_handlers
+from kproxy.policies.proxy_state import ProxyState
+from kproxy.runtime import lifecycle
+from kproxy.runtime.admission import Admission
+from kproxy.runtime.backend_watch import BackendWatch
+from kproxy.runtime.broker_listeners import BrokerListeners
+from kproxy.runtime.listeners import open_listeners
+from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upstream_context
+from kproxy.runtime.upstream import BootstrapRotation, UpstreamConnector
+from kproxy.session.events import SessionEvents
+from kproxy.session.parking import ParkingLot
+from kproxy.session.session import Session
+from kproxy.telemetry import otlp_export
+from kproxy.telemetry.service import TelemetryService
+
+log = logging.getLogger("kproxy")
+
+
+class Proxy:
+    """Owns the sockets. ``run`` returns after a drain (SIGTERM/SIGINT or ``shutdown``)."""
+
+    def __init__(self, config: Config, metrics: ProxyMetrics | None = None,
+                 reload_config: Callable[[], Config] | None = None,
+                 local_handlers: dict[int, LocalHandler] | None = None) -> None:
+        self.config = config
+        self.reload_config = reload_config
+        self.metrics = metrics = metrics or ProxyMetrics()
+        self.ratelog = RateLimitedLog()
+        self.state = ProxyState(config.port_map, config.legacy_clients, config.require_sasl,
+                                list(config.upstream), served_apis=served_apis(config),
+                                api_caps=api_caps(config))
+        self.archive: ArchiveWriter | None = None
+        if config.archive:
+            self.archive = ArchiveWriter(ArchiveSettings(
+                Path(config.archive), config.archive_max_file_bytes,
+                config.archive_max_file_seconds, config.archive_max_total_bytes,
+                config.archive_queue_records))
+            metrics.registry.register(ArchiveCollector(self.archive))
+        local: dict[int, LocalHandler] = {}
+        self.telemetry: TelemetryService | None = None
+        if config.telemetry.enabled:
+            self.telemetry = TelemetryService(config.telemetry, metrics, archive=self.archive)
+            local[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = self.telemetry.handle_get
+            local[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
+        local.update(local_handlers or {})  # tests stand in their own answers
+        self.rotation = BootstrapRotation(config.upstream, upstream_context(config))
+        self.events = events = SessionEvents(metrics, self.ratelog, self.archive)
+        self.backend = BackendWatch(self.state, metrics, self.ratelog, self.rotation,
+                                    config.node_id_range)
+        self.budget = MemoryBudget(config.max_buffered_bytes)
+        self.groups: GroupService | None = None
+        if config.group_tracking:
+            self.groups = GroupService(GroupLimits(config.group_max_groups,
+                                                   config.group_max_members), metrics,
+                                       self.archive)
+        # Idle sessions wait here without a task (kproxy.session.parking); a reload's idle timeout
+        # applies to them too.
+        self.parking = ParkingLot(lambda: self.config.idle_timeout)
+        self.services = SessionServices(
+            config, metrics, self.state,
+            standard_handlers(local, self.groups.watch if self.groups else None), self.budget,
+            UpstreamConnector(self.state, self.rotation, config.connect_timeout, events),
+            events, self.backend, self.parking)
+        self.sessions: set[Session] = set()  # open ones, parked ones included
+        self.backend.sessions_of = lambda: [(s.conn, s.end_at_next_request)
+                                            for s in self.sessions]
+        self.listeners = BrokerListeners(config, self.state, metrics, self.ratelog)
+        self.backend.on_view_change.append(self.listeners.sync)
+        self.admission = Admission(config, metrics, self.ratelog)  # counted at accept
+        self.exposition = Exposition(metrics.registry, metrics.piece_sources)
+        metrics.watch_budget(self.budget)
+        Gauge("kproxy_ready", "1 while /readyz answers 200: the backend answered discovery "
+              "recently and the proxy is not draining", registry=metrics.registry,
+              ).set_function(lambda: 1.0 if self.ready()[0] else 0.0)
+        Gauge("kproxy_connections_parked", "Idle client connections parked: sockets and "
+              "state kept, no task of their own until a socket is readable",
+              registry=metrics.registry).set_function(lambda: float(len(self.parking)))
+        self.server_tls = server_context(config)
+        self.otlp = otlp_export.install(self)
+        self.bootstrap_port: int | None = None
+        self.http_port: int | None = None
+        self._stop = trio.Event()
+        self.started = trio.Event()  # listening, the backend discovered once
+        self._sessions_nursery: trio.Nursery | None = None
+        self._bootstrap_scope = trio.CancelScope()
+
+    def set_config(self, new: Config) -> None:
+        """A reloaded configuration: new connections and the services use it from now on."""
+        self.config = self.services.config = self.listeners.config = new
+        self.state.reconfigure(new.legacy_clients, new.require_sasl, new.upstream)
+        self.rotation.servers = list(new.upstream)
+        self.services.connector.timeout = new.connect_timeout
+        self.admission.config = new
+        self.budget.limit = new.max_buffered_bytes
+        self.parking.reconfigured()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+
+    async def reload(self) -> bool:
+        """Re-read the configuration (as SIGHUP does); False when it was rejected."""
+        return await lifecycle.reload(self)
+
+    async def run(self, *, handle_signals: bool = True,
+                  task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.admission.plan(self.config)
+        if self.archive is not None:
+            self.archive.start()
+        try:
+            await self._run(handle_signals, task_status)
+        finally:
+            if self.archive is not None:
+                await trio.to_thread.run_sync(self.archive.close)
+
+    async def _run(self, handle_signals: bool, task_status: trio.TaskStatus[Proxy]) -> None:
+        cfg = self.config
+        async with trio.open_nursery() as services:
+            if handle_signals:
+                # Before the first listener opens: a SIGTERM while start-up is still
+                # discovering the backend drains, where it used to kill the process.
+                services.start_soon(lifecycle.handle_signals, self)
+            async with trio.open_nursery() as sessions:
+                self._sessions_nursery = sessions
+                sessions.start_soon(self.parking.run, sessions)
+                self.listeners.start(services, self._serve)
+                host, port = cfg.listen
+                bootstrap = await open_listeners(host, port, cfg.reuse_port)
+                self.bootstrap_port = bootstrap[0].socket.getsockname()[1]
+                sni = self.state.port_map.sni
+                if sni is not None and sni.port == 0:  # listening on a port picked by the OS
+                    self.state.serve_sni_on(self.bootstrap_port)
+                services.start_soon(self._serve, bootstrap, "bootstrap", None,
+                                    self._bootstrap_scope)
+                http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
+                self.http_port = http[0].socket.getsockname()[1]
+                services.start_soon(trio.serve_listeners, HttpServer(routes(self)).handle, http)
+                await self.discover_once()
+                services.start_soon(self._discovery_loop)
+                if self.otlp is not None:
+                    services.start_soon(self.otlp.run)
+                if cfg.source and cfg.config_watch_interval > 0:
+                    services.start_soon(lifecycle.watch_config, self, cfg.source)
+                log.info("kproxy listening", extra={"fields": {
+                    "bootstrap": f"{host}:{self.bootstrap_port}",
+                    "advertised_host": cfg.advertised_host,
+                    "broker_ports": f"{cfg.broker_port_base}+(node_id-{cfg.node_id_range[0]})",
+                    "http": f"{cfg.http[0]}:{self.http_port}",
+                    "max_buffered_bytes": cfg.max_buffered_bytes,
+                    "upstream": ",".join(f"{h}:{p}" for h, p in cfg.upstream)}})
+                self.started.set()
+                task_status.started(self)
+                await self._stop.wait()
+                await lifecycle.drain(self)
+                sessions.cancel_scope.cancel()
+            services.cancel_scope.cancel()
+        log.info("kproxy stopped")
+
+    def close_listeners(self) -> None:
+        self._bootstrap_scope.cancel()
+        self.listeners.close_all()
+
+    # ------------------------------------------------------------------ accepting
+
+    async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
+                     scope: trio.CancelScope) -> None:
+        # A partial, not a wrapping coroutine: every open connection waits inside its
+        # handler, and each coroutine frame it waits in is memory it holds.
+        handle = partial(self._serve_one, node_id=node_id)
+        assert self._sessions_nursery is not None
+        with scope:
+            try:
+                await self.admission.serve(listeners, name, handle, self._sessions_nursery)
+            finally:
+                for listener in listeners:
+                    await trio.aclose_forcefully(listener)
+
+    async def _serve_one(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
+                         node_id: int | None) -> None:
+        """Serve an admitted connection. It owns its admission until a session takes it
+        over: the session releases it when it ends, which may be long after this returns
+        (a parked session has no task)."""
+        session: Session | None = None
+        try:
+            accepted = await self._handshake(stream, peer, name, node_id)
+            if accepted is None:
+                return
+            client, name, node_id = accepted
+            session = Session(self.services, client, name, node_id, peer, self._session_ended)
+            self.sessions.add(session)
+        finally:
+            if session is None:
+                stream.socket.close()  # idempotent: closed already when refused
+                self.admission.release(peer[0])
+        await session.run()
+
+    async def _handshake(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
+                         node_id: int | None) -> tuple[trio.abc.Stream, str, int | None] | None:
+        """The client stream (TLS when on, its server name picking the broker with SNI
+        routing), the listener name and node; None when the connection was refused."""
+        if self.server_tls is None:
+            return stream, name, node_id
+        try:
+            client, server_name = await accept_tls(stream, self.server_tls,
+                                                   self.config.tls_handshake_timeout)
+        except HandshakeFailed as exc:
+            limit = "tls_handshake_timeout" if exc.timed_out else None
+            self.admission.refuse(limit, "tls_handshake", "TLS handshake failed; "
+                                  "connection closed", peer, listener=name, error=str(exc))
+            self.metrics.tls_handshake_failures.labels(name).inc()
+            await trio.aclose_forcefully(stream)
+            return None
+        sni = self.state.port_map.sni
+        if sni is not None:
+            node_id = sni.node_for(server_name)
+            if node_id is not None and node_id not in self.state.view.nodes:
+                self.admission.refuse(None, "sni", "TLS server name names no known "
+                                      "broker; connection closed", peer, listener=name,
+                                      server_name=server_name)
+                await trio.aclose_forcefully(client)
+                return None
+            name = f"broker-{node_id}" if node_id is not None else name
+        return client, name, node_id
+
+    def _session_ended(self, session: Session) -> None:
+        self.sessions.discard(session)
+        self.admission.release(session.conn.info.source_address)
+
+    # ------------------------------------------------------------------ discovery
+
+    async def discover_once(self) -> bool:
+        return await self.backend.discover_once(self.config.connect_timeout,
+                                                self.config.max_frame_bytes)
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.discovery_interval)
+            await self.discover_once()
+
+    def ready(self) -> tuple[bool, str]:
+        last = self.backend.last_discovery
+        if self._stop.is_set():
+            return False, "draining"
+        if last is None:
+            return False, "backend not reached yet"
+        now = time.monotonic()
+        stale_after = max(3 * self.config.discovery_interval, 30.0)
+        if now - last > stale_after:
+            return False, f"backend not reached for {now - last:.0f}s"
+        return True, f"{len(self.state.view.nodes)} broker(s) known"
+
+
+def served_apis(config: Config) -> dict[int, tuple[int, int]]:
+    """APIs the proxy answers itself, as advertised in ApiVersions: key -> (min, max)."""
+    if not config.telemetry.enabled:
+        return {}
+    # Both keys, always together: a client only pushes when it sees both.
+    return {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0), api_keys.PUSH_TELEMETRY: (0, 0)}
+
+
+def api_caps(config: Config) -> dict[int, int]:
+    """The highest version advertised per API the proxy decodes (and Fetch's, if capped)."""
+    caps = default_caps()
+    if config.max_fetch_version is not None:
+        caps[api_keys.FETCH] = min(caps[api_keys.FETCH], config.max_fetch_version)
+    return caps

@@ -1,0 +1,95 @@
+"""Opening the one upstream connection a client connection maps to."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Sequence
+
+import trio
+
+from kproxy.config.settings import HostPort
+from kproxy.policies.connection import ConnectionState
+from kproxy.policies.proxy_state import ProxyState
+from kproxy.runtime.tls import connect_tls
+from kproxy.session.events import SessionEvents
+
+
+class UpstreamUnavailable(Exception):
+    def __init__(self, tried: list[tuple[HostPort, str]]) -> None:
+        self.tried = tried
+        super().__init__("; ".join(f"{h}:{p}: {why}" for (h, p), why in tried))
+
+
+async def connect(host: str, port: int, timeout: float,
+                  tls: ssl.SSLContext | None = None) -> trio.abc.Stream:
+    """A connection to one broker, TLS when ``tls`` is given; the timeout covers both."""
+    with trio.fail_after(timeout):
+        stream = await trio.open_tcp_stream(host, port)
+    if tls is None:
+        return stream
+    try:
+        return await connect_tls(stream, tls, host, timeout)
+    except trio.BrokenResourceError as exc:
+        await trio.aclose_forcefully(stream)
+        why = exc.__cause__ if isinstance(exc.__cause__, ssl.SSLError) else exc
+        raise OSError(f"TLS handshake failed: {why}") from None
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+
+
+class BootstrapRotation:
+    """Connects to the first reachable bootstrap server, in the configured order.
+
+    Always starting from the first keeps one answer authoritative: were new
+    connections spread over servers that disagree (a broker being replaced),
+    the proxy's view of the backend would flip between their answers.
+    """
+
+    def __init__(self, servers: Sequence[HostPort], tls: ssl.SSLContext | None = None) -> None:
+        self.servers = list(servers)
+        self.tls = tls
+
+    async def connect(self, timeout: float) -> tuple[trio.abc.Stream, HostPort]:
+        tried: list[tuple[HostPort, str]] = []
+        for host, port in list(self.servers):
+            try:
+                return await connect(host, port, timeout, self.tls), (host, port)
+            except trio.TooSlowError:
+                tried.append(((host, port), f"no answer within {timeout:g}s"))
+            except OSError as exc:
+                tried.append(((host, port), exc.strerror or str(exc)))
+        raise UpstreamUnavailable(tried)
+
+
+class UpstreamConnector:
+    """Opens a session's upstream: a bootstrap server, or the broker its listener serves."""
+
+    def __init__(self, state: ProxyState, rotation: BootstrapRotation, timeout: float,
+                 events: SessionEvents) -> None:
+        self.state = state
+        self.rotation = rotation
+        self.timeout = timeout
+        self.events = events
+
+    async def connect(self, conn: ConnectionState) -> tuple[trio.abc.Stream, HostPort] | None:
+        """The stream and the address it reached, or None (counted and logged)."""
+        try:
+            if conn.node_id is None:
+                return await self.rotation.connect(self.timeout)
+            return await self._broker(conn.node_id)
+        except UpstreamUnavailable as exc:
+            self.events.upstream_unreachable(conn, str(exc))
+            return None
+
+    async def _broker(self, node_id: int) -> tuple[trio.abc.Stream, HostPort]:
+        addr = self.state.view.address_of(node_id)
+        if addr is None:
+            raise UpstreamUnavailable([(("?", 0), f"node {node_id} is not a known broker")])
+        where = (addr.host, addr.port)
+        try:
+            return await connect(addr.host, addr.port, self.timeout, self.rotation.tls), where
+        except trio.TooSlowError:
+            raise UpstreamUnavailable([(where, f"no answer within {self.timeout:g}s")]) from None
+        except OSError as exc:
+            raise UpstreamUnavailable([(where, exc.strerror or str(exc))]) from None

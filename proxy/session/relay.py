@@ -1,0 +1,247 @@
+"""What a session does with each complete frame, in either direction.
+
+The connection's state (``policies.connection``) decides; this module applies.
+
+Requests (``handle_requests``, called from the session's own task): each is peeked
+and handed to the state, then relayed as received (a view of the receive buffer, not
+a copy), replaced, answered here (now, or later in a task of its own that keeps the
+request's place in order), or refused by closing. Requests go upstream in batches; at
+``max_inflight`` the session stops reading its client until answers leave.
+
+Responses (``relay_responses``, the task that reads the upstream connection): each is
+matched to its request's slot (``kproxy.session.inflight``) and relayed as received, passed
+through as it arrives (a large one nobody must see whole: cut-through, one receive
+buffer whatever its size), or handed whole to the state to be rewritten. What the
+state learns about the backend (a changed broker set, a rebootstrap) goes to the
+proxy-wide ``BackendService``.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import Frame, FrameReader
+from kproxy.codecs.peek import peek_correlation_id, peek_request
+from kproxy.memory import Charge
+from kproxy.policies.connection import Answer, AnswerLater, Close, Forward
+from kproxy.policies.rebootstrap import Action
+from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
+from kproxy.session.guard import TaskGuard
+from kproxy.session.inflight import Slot
+from kproxy.session.transport import Transport
+
+if TYPE_CHECKING:
+    from kproxy.session.session import Session
+
+_SIZE = struct.Struct(">i")
+RECV_BYTES = 256 * 1024
+# A response frame larger than this that is not complete in what was received is
+# passed through (or, when it must be rewritten, received in place).
+LARGE_FRAME = RECV_BYTES
+# Local answers (a small telemetry push is decoded as it is answered) made from one
+# read for longer than this: the loop serves other connections before the rest.
+LOCAL_WORK_S = 0.002
+
+
+async def handle_requests(session: Session, reader: FrameReader) -> None:
+    """Take every complete request ``reader`` holds: peek, decide (the connection's
+    state), then forward, answer here, or close; in request order."""
+    out: list[Frame | bytes] = []  # what goes upstream, in order
+    answered_locally = False
+    events = session.services.events
+    try:
+        frames = reader.wire_frames()
+    except CodecError as exc:
+        events.decode_error("request", "frame", exc, session.conn)
+        raise SessionClosed(str(exc)) from None
+    if not frames:
+        return
+    session.frames_in += len(frames)
+    session.last_activity = trio.current_time()
+    conn = session.conn
+    metrics = session.services.metrics
+    began = time.monotonic()
+    for frame in frames:
+        body = frame.body
+        try:
+            peek = peek_request(body)
+            metrics.api(peek.api_key).request(len(body) + 4)
+            session.bytes_in += len(body) + 4
+            decision = conn.request(peek, body)
+        except CodecError as exc:  # a broker closes the connection on such a request
+            events.decode_error("request", "header", exc, conn)
+            raise SessionClosed(str(exc)) from None
+        now = time.monotonic()
+        upstream_version = peek.api_version
+        if decision is None:
+            out.append(frame)  # relayed as received: a view, not a copy
+        elif isinstance(decision, Forward):
+            out.append(_SIZE.pack(len(decision.body)) + decision.body)
+            upstream_version = decision.upstream_version
+        elif isinstance(decision, Answer):
+            session.ordered.answer_locally(peek.correlation_id, peek.api_key,
+                                           peek.api_version, now,
+                                           _SIZE.pack(len(decision.body)) + decision.body)
+            answered_locally = True
+            if now - began > LOCAL_WORK_S:  # answers made here took work: let others in
+                await trio.lowlevel.checkpoint()
+                began = time.monotonic()
+            continue
+        elif isinstance(decision, AnswerLater):
+            slot = session.ordered.answer_later(peek.correlation_id, peek.api_key,
+                                                peek.api_version, now)
+            session.start(_answer_later, session, slot, decision)
+            continue
+        else:
+            assert isinstance(decision, Close)
+            events.refused(decision, conn)
+            raise SessionClosed(decision.reason)
+        if peek.expects_response:
+            slot = session.ordered.expect_upstream(peek.correlation_id, peek.api_key,
+                                                   peek.api_version, now)
+            slot.upstream_version = upstream_version
+        else:
+            session.ordered.expect_nothing(peek.correlation_id)
+        if len(session.ordered) >= session.config.max_inflight:
+            # Backpressure: send what we have, then stop reading this client
+            # until responses drain.
+            await session.send_upstream(out)
+            out = []
+            await _wait_for_room(session)
+    if out:
+        await session.send_upstream(out)
+    if answered_locally:
+        await session.writer.flush()
+
+
+async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> None:
+    """Make a local answer without holding up the connection, then send it in order."""
+    with TaskGuard(session, ends_session=False):
+        try:
+            body = await decision.reply
+        except CodecError as exc:  # a broker closes the connection on such a request
+            session.services.events.decode_error("request", api_keys.api_name(slot.api_key),
+                                                 exc, session.conn)
+            raise SessionClosed(str(exc)) from None
+        slot.wire = _SIZE.pack(len(body)) + body
+        await session.writer.flush()
+
+
+async def _wait_for_room(session: Session) -> None:
+    """Backpressure: the client has max_inflight requests in flight."""
+    session.services.events.limit_hit("max_inflight", "client has max_inflight requests in "
+                                      "flight; not reading from it until responses drain",
+                                      session.conn)
+    while len(session.ordered) >= session.config.max_inflight:
+        await session.writer.answers_left()
+
+
+# ------------------------------------------------------------------ responses
+
+
+async def relay_responses(session: Session, upstream: Transport) -> None:
+    """Read responses until the upstream connection ends (which ends the session), or
+    until the session parks (cancelled at its wait for the broker, holding nothing)."""
+    with TaskGuard(session):
+        reader = FrameReader(session.config.max_frame_bytes)
+        charge = Charge(session.services.budget)
+        try:
+            while True:
+                if not reader.held():
+                    await charge.wait_for_room()
+                n = upstream.fill_now(reader, RECV_BYTES)
+                if n is None:
+                    n = await upstream.fill(reader, RECV_BYTES)
+                if not n:
+                    session.services.events.upstream_lost(session.conn,
+                                                          "broker closed the connection")
+                    raise PeerGone("upstream closed the connection")
+                charge.settle(reader.held())
+                try:
+                    await _handle_responses(session, reader)
+                    await session.writer.flush()
+                    charge.settle(reader.held())
+                    await _handle_pending(session, upstream, reader, charge)
+                except (CodecError, ProtocolViolation) as exc:
+                    session.services.events.decode_error("response", "frame", exc,
+                                                         session.conn)
+                    raise SessionClosed(str(exc)) from None
+                charge.settle(reader.held())
+                if not len(session.ordered):
+                    session.note_idle()
+        finally:
+            charge.release()
+            if reader.held() and session.parking:
+                # Bytes the broker sent with nothing in flight, cut short by the park:
+                # the stream cannot be taken up again in step. End the session instead.
+                session.close()
+
+
+async def _handle_responses(session: Session, reader: FrameReader) -> None:
+    frames = reader.wire_frames()
+    if frames:
+        session.last_activity = trio.current_time()
+    ordered = session.ordered
+    for frame in frames:
+        slot = ordered.next_upstream(peek_correlation_id(frame.body))
+        if slot is None:
+            session.services.metrics.stray_responses.inc()
+            continue
+        slot.wire = await _process_response(session, slot, frame.body) or frame
+
+
+async def _handle_pending(session: Session, upstream: Transport, reader: FrameReader,
+                          charge: Charge) -> None:
+    """A large response has started and is not complete: pass it through, or receive
+    it whole in place when it must be rewritten (its size reserved first)."""
+    pending = reader.pending()
+    if pending is None or pending[0] < LARGE_FRAME or len(pending[1]) < 8:
+        return
+    total, head = pending
+    ordered = session.ordered
+    slot = ordered.peek_upstream(peek_correlation_id(head[4:]))
+    if (slot is not None and ordered.is_next(slot)
+            and not session.conn.wants_response(slot.api_key, slot.api_version)):
+        await _pass_through(session, upstream, reader, charge, slot)
+        return
+    # To rewrite, or behind a local answer still being made, or a stray answer.
+    await charge.reserve_to(total)
+    reader.open_in_place()
+
+
+async def _pass_through(session: Session, upstream: Transport, reader: FrameReader,
+                        charge: Charge, slot: Slot) -> None:
+    """Relay the pending frame to the client as its bytes arrive (cut-through)."""
+    session.ordered.next_upstream(slot.correlation_id)
+    session.ordered.pop_head(slot)
+    parts, rest = reader.take_partial()
+    session.conn.observe_head(slot.api_key, slot.api_version, parts)
+    try:
+        await session.writer.relay(slot, parts, upstream, rest, charge, RECV_BYTES)
+    except PeerGone:
+        session.services.events.upstream_lost(session.conn, "broker closed the connection "
+                                              "mid-response")
+        raise
+    session.last_activity = trio.current_time()
+
+
+async def _process_response(session: Session, slot: Slot, body: memoryview) -> bytes | None:
+    """The response to send for ``slot``: None to relay it as received."""
+    conn = session.conn
+    if not conn.wants_response(slot.api_key, slot.api_version):
+        conn.observe(slot.api_key, slot.api_version, body)
+        return None
+    handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version, body)
+    if handled.seen is not None or handled.rebootstrap is not Action.NONE:
+        await session.services.backend.observed(handled, conn)
+    if handled.close_after:
+        session.writer.close_after_flush = True
+    if handled.body is None or handled.body is body:
+        return None
+    return _SIZE.pack(len(handled.body)) + bytes(handled.body)

@@ -1,0 +1,370 @@
+"""One client connection and its one upstream connection: the I/O of a connection.
+
+The session moves bytes, keeps responses in request order, enforces timeouts and the
+memory budget, and applies what its ``ConnectionState`` (``policies.connection``)
+decides; it makes no protocol decision itself.
+
+Requests (``kproxy.session.relay.handle_requests``, in the session's own task): the
+upstream connection is opened when the first complete request arrives (a connection
+that never sends one costs no broker connection). Each request is peeked, handed to
+the state, and forwarded as received, replaced, or answered here.
+
+Responses (``kproxy.session.relay.relay_responses``, a task started with the
+upstream connection): a response no handler needs whole is relayed as it arrives. Small ones
+are batched and written without copying; a large one is passed through chunk by
+chunk (cut-through), so a 50 MB fetch costs one receive buffer, not 50 MB. A
+response a handler must see whole (addresses to rewrite) is received in place, its
+size reserved from the budget first. Writes to the client go through the session's
+``ClientWriter`` (``kproxy.session.client_writer``): whole frames, in order, one at a time.
+
+Idle (nothing in flight, buffered or being written, plain TCP both ways), a session
+parks: both tasks return, its sockets and state stay, and the proxy's parking lot
+(``kproxy.session.parking``) waits on its sockets with everyone else's. Anything that reaches
+a session (bytes or a close on either socket, its idle deadline, a drain, a close, its
+backend gone) runs it again. It is counted open, and reported closed, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from kproxy.codecs.framing import Frame, FrameReader
+from kproxy.config.settings import Config
+from kproxy.context import SessionServices
+from kproxy.memory import Charge
+from kproxy.policies import timeouts
+from kproxy.policies.connection import ConnectionState
+from kproxy.session import parking
+from kproxy.session.client_writer import ClientWriter, send_all
+from kproxy.session.errors import PeerGone, SessionClosed
+from kproxy.session.guard import TaskGuard
+from kproxy.session.inflight import OrderedResponses
+from kproxy.session.latency_sketch import LatencySketch
+from kproxy.session.relay import RECV_BYTES, handle_requests, relay_responses
+from kproxy.session.transport import SocketTransport, Transport, transport_for
+
+log = logging.getLogger("kproxy.session")
+
+
+class Session:
+    # Slots: one of these per open connection, thousands when they idle.
+    __slots__ = ("_client_io", "_closed", "_closing", "_draining", "_end_at_request", "_ended",
+                 "_nursery", "_on_end", "_parking", "_recv_scope", "_upstream_io", "bytes_in",
+                 "client", "conn", "frames_in", "last_activity", "listener", "opened_at",
+                 "ordered", "parked", "services", "upstream", "writer")
+
+    def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
+                 node_id: int | None, peer: tuple[str, int],
+                 on_end: Callable[[Session], None]) -> None:
+        self.services = services
+        self.client = client
+        self.listener = listener
+        self.conn = ConnectionState(services.state, services.handlers, listener, node_id, peer)
+        self.upstream: trio.abc.Stream | None = None
+        # How the relay moves bytes on each side (see kproxy.session.transport).
+        self._client_io: Transport = transport_for(client)
+        self._upstream_io: Transport | None = None
+        self.ordered = OrderedResponses()
+        self.writer = ClientWriter(self._client_io, self.ordered, services.metrics,
+                                   lambda: self.config.write_timeout)
+        # For the idle and first-request timeouts: complete frames either way.
+        self.frames_in = 0
+        self.last_activity = trio.current_time()
+        self.bytes_in = 0
+        self.opened_at = time.time()
+        self._draining = False
+        self._end_at_request = False
+        self._closing = False  # close() was called: the run ends, and never parks
+        self._parking = False  # the request side parked: the tasks stop, the sockets stay
+        self.parked = False  # held by the parking lot (kproxy.session.parking), no task running
+        self._recv_scope: trio.CancelScope | None = None  # the wait for the client's bytes
+        self._nursery: trio.Nursery | None = None
+        self._ended = False
+        self._closed: trio.Event | None = None  # made only when someone waits (a drain)
+        self._on_end = on_end  # the proxy forgets the session and releases its admission
+
+    @property
+    def config(self) -> Config:
+        return self.services.config  # read each time: a reload applies to open sessions
+
+    @property
+    def bytes_out(self) -> int:
+        return self.writer.bytes_out
+
+    @property
+    def latency(self) -> LatencySketch:
+        return self.writer.latency  # recent response times, for the status page
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def parking(self) -> bool:
+        """The request side has parked: the run ends without closing the session."""
+        return self._parking
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """The session from its first byte to its close; returns early when it parks
+        (the parking lot then calls ``resume``). Its end is reported once, at the close."""
+        m = self.services.metrics
+        m.connections_total.labels(self.listener).inc()
+        m.connections_active.labels(self.listener).inc()
+        await self._run()
+
+    async def resume(self, readable: int = -1) -> None:
+        """Run a parked session again, in a task the parking lot started; ``readable``:
+        the descriptor found readable, if that is what woke it (read at once, where the
+        other side waits first: a receive that finds nothing is a system call lost)."""
+        for io in (self._client_io, self._upstream_io):
+            if isinstance(io, SocketTransport) and io.fd == readable:
+                io.may_have_bytes()
+        try:
+            await self._run()
+        except Exception:  # as for a connection's first task (kproxy.runtime.admission)
+            self.services.metrics.internal_errors.inc()
+            log.exception("internal error resuming a session; closed",
+                          extra={"fields": self.conn.log_fields()})
+
+    async def _run(self) -> None:
+        """The session's tasks, until it ends or parks (its tasks return; its sockets and
+        state stay, and the parking lot holds them)."""
+        parked = False
+        try:
+            while not self._closing:
+                self._parking = False
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    if self._upstream_io is not None:  # resumed: the response side again
+                        self.start(relay_responses, self, self._upstream_io)
+                    if self._end_at_request:  # its backend went while it was parked
+                        self.start(self._stop_after, timeouts.GONE_GRACE_S)
+                    # The request side runs in this task, not in a child of its own: a
+                    # task less per connection, same cancellation.
+                    with TaskGuard(self):
+                        await self._requests()
+                self._nursery = None
+                if not self._parking or self._closing or self._draining:
+                    break  # ended (drained: nothing was in flight)
+                if self._end_at_request:
+                    continue  # told to end while parking: wait for the next request
+                self._recv_scope = None
+                parked = self.services.parking.park(self)
+                break
+        finally:
+            self._nursery = None
+            if not parked:
+                await self._end()
+
+    async def _end(self) -> None:
+        """Report the close, close both sockets, and let the proxy forget the session."""
+        self._report_closed()
+        with trio.CancelScope(shield=True):
+            for stream in (self.client, self.upstream):
+                if stream is not None:
+                    await trio.aclose_forcefully(stream)
+        self._gone()
+
+    def abandon(self) -> None:
+        """Close a parked session here and now: the proxy is stopping. Parked sessions
+        are plain TCP both ways, so closing is not a wait."""
+        self._report_closed()
+        for stream in (self.client, self.upstream):
+            if isinstance(stream, trio.SocketStream):
+                stream.socket.close()
+        self._gone()
+
+    def _report_closed(self) -> None:
+        self.services.metrics.connections_active.labels(self.listener).dec()
+        self.services.events.connection_closed(self.conn, self.opened_at, self.bytes_in,
+                                               self.bytes_out)
+
+    def _gone(self) -> None:
+        self._ended = True
+        if self._closed is not None:
+            self._closed.set()
+        self._on_end(self)
+
+    async def wait_ended(self) -> None:
+        """Wait until the session has ended (its sockets closed)."""
+        if self._ended:
+            return
+        if self._closed is None:
+            self._closed = trio.Event()
+        await self._closed.wait()
+
+    def stop_reading(self) -> None:
+        """Drain: take no new requests; the session ends once in-flight ones are answered."""
+        self._draining = True
+        if self._recv_scope is not None:
+            self._recv_scope.cancel()
+        self._wake_if_parked()
+
+    def end_at_next_request(self) -> None:
+        """Its backend is gone: forward nothing more. The session ends once in-flight
+        requests are answered and the client's next request has come (unanswered, it
+        fails when the connection closes: librdkafka then looks for the new leader at
+        once, where a quiet close leaves it waiting about 2 s on its refresh timer), or
+        after ``timeouts.GONE_GRACE_S`` if none comes."""
+        if self._end_at_request or self._draining:
+            return
+        self._end_at_request = True
+        if self._wake_if_parked():
+            return  # its run starts the grace timer
+        try:
+            if self._nursery is not None:
+                self._nursery.start_soon(self._stop_after, timeouts.GONE_GRACE_S)
+                return
+        except RuntimeError:  # its tasks have all ended: the session is closing
+            pass
+        self.stop_reading()
+
+    async def _stop_after(self, grace: float) -> None:
+        await trio.sleep(grace)
+        self.stop_reading()
+
+    def close(self) -> None:
+        self._closing = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        self._wake_if_parked()
+
+    # ------------------------------------------------------------------ parking
+
+    def note_idle(self) -> None:
+        """Nothing in flight: tell the parking lot, which may ask this session to park
+        once it has been idle long enough (``park_if_idle``)."""
+        if self.frames_in and self._plain_tcp() and not self._end_at_request:
+            self.services.parking.note_idle(self)
+
+    def park_if_idle(self) -> None:
+        """The parking lot's request: wake the request side from its wait for the
+        client, to park if it still may (``_may_park``)."""
+        if self._recv_scope is not None and self.frames_in:
+            self._recv_scope.cancel()
+
+    def parking_fds(self) -> tuple[int, ...]:
+        """The descriptors the parking lot waits on (parked sessions are plain TCP)."""
+        client, upstream = self._client_io, self._upstream_io
+        assert isinstance(client, SocketTransport)
+        if upstream is None:
+            return (client.fd,)
+        assert isinstance(upstream, SocketTransport)
+        return (client.fd, upstream.fd)
+
+    def _plain_tcp(self) -> bool:
+        """A TLS stream may hold decrypted bytes no epoll reports: such sessions never park."""
+        return type(self._client_io) is SocketTransport and (
+            self._upstream_io is None or type(self._upstream_io) is SocketTransport)
+
+    def _may_park(self, reader: FrameReader) -> bool:
+        """Whether both tasks may return now, the sockets and state kept: idle for
+        ``PARK_AFTER_S``, nothing in flight, buffered or being written, no task but the
+        response side (waiting for the broker), not ending."""
+        nursery = self._nursery
+        return (nursery is not None and not len(self.ordered) and not reader.held()
+                and trio.current_time() - self.last_activity >= parking.PARK_AFTER_S
+                and not (self._draining or self._end_at_request or self._closing)
+                and not self.writer.lock.locked() and not self.writer.close_after_flush
+                and self._plain_tcp()
+                and len(nursery.child_tasks) == (self._upstream_io is not None))
+
+    def _wake_if_parked(self) -> bool:
+        """A control reached a parked session: run it again to apply it."""
+        if self.parked:
+            self.services.parking.wake(self)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ requests
+
+    async def _requests(self) -> None:
+        cfg = self.config
+        reader = FrameReader(cfg.max_frame_bytes)
+        charge = Charge(self.services.budget)
+        first_deadline = trio.current_time() + cfg.first_request_timeout
+        client = self._client_io
+        try:
+            while not self._draining:
+                if not reader.held():
+                    # Between frames: wait for room in the budget before taking more.
+                    # Mid-frame, never: a partial frame is only freed by completing it.
+                    await charge.wait_for_room()
+                n = client.fill_now(reader, RECV_BYTES)
+                if n is None:
+                    if not len(self.ordered) and not reader.held():
+                        self.note_idle()
+                    # Only the wait for bytes is cancellable by a drain: a request already
+                    # taken is always sent upstream and answered. One scope serves all: a
+                    # drain or the parking lot cancels it, the read deadline expires it.
+                    self._recv_scope = scope = trio.CancelScope(deadline=timeouts.read_deadline(
+                        trio.current_time(), first_deadline, self.frames_in,
+                        len(self.ordered), self.last_activity, self.config.idle_timeout))
+                    with scope:
+                        n = await client.fill(reader, RECV_BYTES)
+                    if scope.cancelled_caught:
+                        if self._draining:
+                            break
+                        self._check_timeouts()
+                        if self._may_park(reader):
+                            # Park: the response side stops at its wait for the broker.
+                            self._parking = True
+                            assert self._nursery is not None
+                            self._nursery.cancel_scope.cancel()
+                            return
+                        continue
+                if not n:
+                    raise PeerGone("client closed the connection")
+                charge.settle(reader.held())
+                if self._end_at_request:
+                    self._draining = True  # not forwarded: it fails when the connection closes
+                    break
+                await handle_requests(self, reader)
+                charge.settle(reader.held())
+        finally:
+            charge.release()
+        # Draining: wait until every request already taken has been answered.
+        with trio.move_on_after(cfg.drain_timeout):
+            while len(self.ordered):
+                await self.writer.answers_left()
+        self.close()
+
+    def _check_timeouts(self) -> None:
+        """A read deadline passed: close a silent new connection or an idle one."""
+        cfg = self.config
+        which = timeouts.expired(trio.current_time(), self.frames_in, len(self.ordered),
+                                 self.last_activity, cfg.idle_timeout)
+        if which is not None:
+            msg = timeouts.reason(which, cfg.first_request_timeout, cfg.idle_timeout)
+            self.services.events.limit_hit(which, f"{msg}; closed", self.conn)
+            raise SessionClosed(which.replace("_", " "))
+
+    async def send_upstream(self, parts: list[Frame | bytes]) -> None:
+        """Write ``parts`` to the broker, connecting first if this is the first request."""
+        if self._upstream_io is None:
+            await self._connect()
+        assert self._upstream_io is not None
+        await send_all(self._upstream_io, parts, self.config.write_timeout)
+
+    async def _connect(self) -> None:
+        """Open the upstream connection (lazily: at the first request it must carry)."""
+        connected = await self.services.connector.connect(self.conn)
+        if connected is None:
+            raise SessionClosed("backend unreachable")
+        self.upstream, address = connected
+        self.conn.connected(address)
+        self._upstream_io = transport_for(self.upstream)
+        self.start(relay_responses, self, self._upstream_io)
+
+    def start(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Start a task of the session; ``fn`` runs under a ``TaskGuard`` of its own. It
+        is named after ``fn``: a name given, not one trio formats anew for every task."""
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args, name=fn.__qualname__)
+

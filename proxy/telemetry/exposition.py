@@ -1,0 +1,115 @@
+"""Client telemetry on /metrics: the series of ``kproxy.telemetry.service``'s store, in pieces.
+
+Kept apart from the push handlers: this side only reads the store, at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from kproxy.metrics.exposition import Piece, value_text
+from kproxy.policies.telemetry_store import INSTANCE_LABELS, Family, Labels, Series
+
+if TYPE_CHECKING:
+    from kproxy.telemetry.service import TelemetryService
+
+PIECE_ROWS = 64  # sample lines per piece of the /metrics exposition
+
+
+class ClientMetricsCollector:
+    """Reads the telemetry state at scrape time, in pieces; expired clients vanish here.
+
+    A piece source for ``kproxy.metrics.exposition``: the loop runs between pieces and keeps
+    changing the store, so the walk copies what it iterates (the instances, then each
+    instance's series, between pieces) and reads a series' values only when the piece
+    holding it is written, within one slice. Sample lines are formatted here rather
+    than by prometheus_client's generic renderer, which costs ~10x more per series,
+    from each series' label text, made at its first scrape and kept (``Series.head``
+    and ``tail``): a scrape formats only values. Family headers still come from
+    prometheus_client, in the format asked for.
+    """
+
+    def __init__(self, service: TelemetryService, piece_rows: int = PIECE_ROWS) -> None:
+        self.service = service
+        self.piece_rows = piece_rows
+
+    def __call__(self) -> Iterator[Piece]:
+        service = self.service
+        service.state.expire(service.clock_ms())
+        # Counted after expiry, so they agree with the series below in the same scrape.
+        yield GaugeMetricFamily("kproxy_telemetry_client_instances",
+                                "Client instances remembered", len(service.state.instances))
+        yield GaugeMetricFamily("kproxy_telemetry_series", "Client metric series exported",
+                                service.store.total)
+        store = service.store
+        # Family name -> its series: one deque per family, no new container per series
+        # (a scrape must not feed the cyclic garbage collector).
+        grouped: dict[str, deque[Series]] = {}
+        heads: dict[Labels, str] = {}  # label text made in this scrape, shared
+        tails: dict[Labels, str] = {}
+        copied = 0
+        for own in list(store.series.values()):
+            for (name, labels), series in own.items():  # no yield inside: own is stable
+                if not series.head:
+                    _label(series, labels, heads, tails)
+                found = grouped.get(name)
+                if found is None:
+                    found = grouped[name] = deque()
+                found.append(series)
+            copied += len(own)
+            if copied >= self.piece_rows:
+                copied = 0
+                yield None
+        families = dict(store.families)
+        for name in sorted(grouped):
+            # Taken out as they are written, a piece at a time: the references go a few
+            # at a time too (letting go of 250,000 at once held the loop for ~4 ms).
+            family, left = families[name], grouped.pop(name)
+            yield Metric(family.name, family.help, family.kind, family.unit)  # the header
+            # About ``piece_rows`` lines a piece: a histogram series is a line a bucket.
+            lines = len(left[0].buckets) + 2 if family.kind == "histogram" else 1
+            step = max(1, self.piece_rows // lines)
+            while left:
+                yield _sample_lines(family, [left.popleft() for _ in range(min(step, len(left)))])
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def _label(series: Series, labels: Labels, heads: dict[Labels, str],
+           tails: dict[Labels, str]) -> None:
+    """A series' label text: its instance's labels, then its point's attributes. Parts
+    made in one scrape are shared: an instance's series hold one ``head`` string."""
+    n = len(INSTANCE_LABELS)
+    base, attrs = labels[:n], labels[n:]
+    head = heads.get(base)
+    if head is None:
+        head = heads[base] = ",".join(f'{k}="{_escape(v)}"' for k, v in base)
+    tail = tails.get(attrs)
+    if tail is None:
+        tail = tails[attrs] = "".join(f',{k}="{_escape(v)}"' for k, v in attrs)
+    series.head, series.tail = head, tail
+
+
+def _sample_lines(family: Family, series: list[Series]) -> str:
+    """Exposition lines (the same in the text format and OpenMetrics) for some series."""
+    name = family.name
+    if family.kind == "histogram":
+        out: list[str] = []
+        for s in series:
+            text = s.head + s.tail
+            for le, count in s.cumulative_buckets():
+                out.append(f'{name}_bucket{{{text},le="{le}"}} {value_text(count)}\n')
+            out.append(f"{name}_count{{{text}}} {value_text(s.count)}\n")
+            out.append(f"{name}_sum{{{text}}} {value_text(s.sum)}\n")
+        return "".join(out)
+    sample = name + "_total" if family.kind == "counter" else name
+    return "".join([f"{sample}{{{s.head}{s.tail}}} {value_text(s.value)}\n"
+                    for s in series])

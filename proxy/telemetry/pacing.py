@@ -1,0 +1,88 @@
+"""A share of the processor for background work, so the relay keeps the rest.
+
+Telemetry pushes are decoded in steps (``codecs.otlp.decode``); between two steps
+the event loop serves every other connection. That alone keeps one push from
+stalling the relay, but a client that pushes back to back could still keep the
+loop (and a core, for decompression) busy most of the time. ``Pacer`` holds the
+work to ``share`` of the time, with a small burst allowance so that occasional
+pushes are never delayed. Used behind one proxy-wide limiter, it bounds what all
+telemetry decoding together can take, whatever the number of clients.
+
+Work is measured in processor time of the thread that did it (``time.thread_time``),
+not wall time: on a busy machine a step that was preempted has not cost more, and
+resting in proportion to the wait would slow telemetry down for nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import trio
+
+T = TypeVar("T")
+DEFAULT_SHARE = 0.25  # of one core: what telemetry decoding may use at most
+DEFAULT_BURST = 0.05  # seconds of work allowed at once after a quiet period
+_MIN_PAUSE = 0.0002  # shorter steps only yield; a sleep that short is all overhead
+
+
+class Pacer:
+    """A token bucket of processor time: ``share`` seconds per second, ``burst`` at most.
+
+    Work spends tokens; while the bucket is below zero the worker sleeps until it
+    has refilled. Occasional small work (a typical push) never waits; sustained
+    work (pushes back to back) is held to ``share`` of the time.
+    """
+
+    def __init__(self, share: float = DEFAULT_SHARE, burst: float = DEFAULT_BURST) -> None:
+        if not 0 < share <= 1 or burst < 0:
+            raise ValueError(f"share must be in (0, 1] and burst >= 0, got {share}, {burst}")
+        self.share = share
+        self.burst = burst
+        self.tokens = burst
+        self._updated: float | None = None
+        self.busy_seconds = 0.0  # total processor time of paced work, for tests
+        self.rested_seconds = 0.0
+
+    async def _rest(self, took: float) -> None:
+        self.busy_seconds += took
+        now = trio.current_time()
+        if self._updated is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self._updated) * self.share)
+        self._updated = now
+        self.tokens -= took
+        pause = -self.tokens / self.share
+        if pause >= _MIN_PAUSE:
+            self.rested_seconds += pause
+            await trio.sleep(pause)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def steps(self, steps: Iterator[None]) -> None:
+        """Run a stepped computation to its end, resting after each step."""
+        started = time.thread_time()
+        try:
+            for _ in steps:
+                now = time.thread_time()
+                await self._rest(now - started)
+                started = time.thread_time()
+        finally:  # the last step, or the one that raised, is paid for too
+            await self._rest(time.thread_time() - started)
+
+    async def in_thread(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on a worker thread, then a rest in proportion to its processor time."""
+        spent = 0.0
+
+        def timed() -> T:
+            nonlocal spent
+            started = time.thread_time()
+            try:
+                return fn()
+            finally:
+                spent = time.thread_time() - started
+
+        try:
+            return await trio.to_thread.run_sync(timed)
+        finally:
+            await self._rest(spent)

@@ -1,0 +1,320 @@
+"""KIP-714 termination in the proxy: the two local handlers and the /metrics collector.
+
+GetTelemetrySubscriptions (71) and PushTelemetry (72) are answered here and never
+reach the broker; the decisions are ``policies.telemetry``'s, the series
+``policies.telemetry_store``'s. The answers go through the connection's ordered
+queue like any other response.
+
+A push that passed its checks is decoded where it cannot hold up other
+connections. An ordinary push (a few kilobytes, some dozens of points) costs less
+than the machinery to move it elsewhere: when its compressed and decompressed
+sizes and its number of points are small (``codecs.otlp.small``), it is decoded
+and ingested at once and answered like any other local answer, its work bounded
+by those sizes. Any other push is paced: decompression on a worker thread (the
+codecs release the interpreter lock), the bounded OTLP decode and the ingest on
+the event loop in small steps with a checkpoint between them, so that all of it
+together takes at most ``DECODE_SHARE`` of a core over time. One paced push is
+decoded at a time (``DECODE_CONCURRENCY``); the connection that sent it waits for
+its answer, the others do not wait at all. A client's pushes are ingested in the
+order they came: while one of its pushes is paced, the next is paced behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import trio
+from prometheus_client import Counter
+
+from kproxy.archive import ArchiveWriter
+from kproxy.codecs import api_keys, compression
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.messages import decode_request, decode_request_body, encode_response_parts
+from kproxy.codecs.otlp import model as otlp
+from kproxy.codecs.otlp.decode import MetricsDecoder
+from kproxy.codecs.otlp.shape import RecentShapes, Shape
+from kproxy.codecs.otlp.small import SMALL_BYTES, decode_small
+from kproxy.codecs.peek import RequestPeek
+from kproxy.config.settings import TelemetryConfig
+from kproxy.metrics.proxy_metrics import ProxyMetrics
+from kproxy.policies import telemetry as policy
+from kproxy.policies import telemetry_subscriptions as subs
+from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
+from kproxy.policies.connection import ConnectionState
+from kproxy.policies.telemetry_store import IngestStats, MetricsStore
+from kproxy.telemetry.exposition import ClientMetricsCollector
+from kproxy.telemetry.pacing import Pacer
+
+log = logging.getLogger("kproxy.telemetry")
+_COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
+_CORRELATION_ID = struct.Struct(">i")
+DECODE_CONCURRENCY = 1  # pushes decompressed and decoded at once, proxy-wide
+DECODE_SHARE = 0.25  # of the time (one core), for all telemetry decoding together
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class TelemetryService:
+    def __init__(self, cfg: TelemetryConfig, metrics: ProxyMetrics,
+                 clock_ms: Callable[[], int] = _now_ms,
+                 archive: ArchiveWriter | None = None) -> None:
+        self.cfg = cfg
+        self.archive = archive
+        self.clock_ms = clock_ms
+        self.store = MetricsStore(cfg.metric_prefix, cfg.max_series, cfg.max_series_bytes)
+        self.state = policy.TelemetryState(cfg.settings, on_forget=self.store.forget)
+        r = metrics.registry
+        self.requests = Counter(
+            "kproxy_telemetry_requests", "Telemetry requests answered by the proxy, by API "
+            "and error", ["api", "error"], registry=r)
+        self.dropped = Counter(
+            "kproxy_telemetry_points_dropped", "Client metric points not exported because "
+            "each would have added a series beyond the series cap", registry=r)
+        self.by_compression = Counter(
+            "kproxy_telemetry_pushes_decoded", "Accepted pushes, by compression type",
+            ["compression"], registry=r)
+        self.unsupported = Counter(
+            "kproxy_telemetry_points_unsupported", "Client metric points of a kind not "
+            "exported (summaries, exponential histograms) or of a conflicting type",
+            registry=r)
+        self.over_limit = Counter(
+            "kproxy_telemetry_pushes_over_limit", "Pushes refused because decoding them "
+            "would pass a bound, by bound: bytes (TELEMETRY_TOO_LARGE), decompressed_bytes, "
+            "points, metrics, fields, attributes, point_bytes, buckets (INVALID_RECORD)",
+            ["limit"], registry=r)
+        self.dropped_other = Counter(
+            "kproxy_telemetry_dropped", "Client metric data not kept because a bound was "
+            "reached, by bound: series_bytes, families, point_labels", ["bound"], registry=r)
+        self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
+        self.pacer = Pacer(DECODE_SHARE)
+        metrics.piece_sources.append(ClientMetricsCollector(self))
+        self._ratelog_last = 0.0
+        self.hostname = socket.gethostname()
+        # By (error, compression): the counters an answer increments; by (version,
+        # error): the answer's bytes. Both bounded by the codes and versions that exist.
+        self._answered: dict[tuple[int, int], tuple[Counter, Counter | None]] = {}
+        self._answers: dict[tuple[int, int], bytes] = {}
+        self.shapes = RecentShapes()
+        # Called with every accepted push (connection, instance, decompressed OTLP bytes):
+        # the OTLP exporter, the status page. They only take note and never wait.
+        self.push_listeners: list[Callable[[ConnectionState, policy.ClientInstance, bytes],
+                                           None]] = []
+
+    def reconfigure(self, cfg: TelemetryConfig) -> None:
+        self.cfg = cfg
+        self.state.reconfigure(cfg.settings)
+        self.store.max_series = cfg.max_series
+        self.store.max_series_bytes = cfg.max_series_bytes
+
+    @staticmethod
+    def attributes(session: ConnectionState) -> dict[str, str]:
+        info = session.info
+        return {"client_id": bounded(info.client_id or "", MAX_LABEL_CHARS),
+                "client_software_name": bounded(info.software_name or "", MAX_LABEL_CHARS),
+                "client_software_version": bounded(info.software_version or "",
+                                                   MAX_LABEL_CHARS),
+                "client_source_address": info.source_address,
+                "client_source_port": str(info.source_port)}
+
+    def handle_get(self, session: ConnectionState, peek: RequestPeek,
+                   frame: memoryview) -> bytes:
+        body = decode_request(frame).body
+        result = self.state.get_subscriptions(body["client_instance_id"],
+                                              self.attributes(session), self.clock_ms())
+        self.requests.labels("GetTelemetrySubscriptions",
+                             policy.ERROR_NAMES[result.error_code]).inc()
+        settings = self.state.settings
+        inst = result.instance
+        reply = {
+            "throttle_time_ms": 0, "error_code": result.error_code,
+            "client_instance_id": inst.instance_id if inst else uuid.UUID(int=0),
+            "subscription_id": inst.resolved.subscription_id if inst else 0,
+            "accepted_compression_types": list(settings.compression_types),
+            "push_interval_ms": inst.resolved.interval_ms if inst else
+            subs.DEFAULT_INTERVAL_MS,
+            "telemetry_max_bytes": settings.max_bytes,
+            "delta_temporality": settings.delta_temporality,
+            "requested_metrics": list(inst.resolved.requested_metrics) if inst else [],
+        }
+        return encode_response_parts(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, peek.api_version,
+                                     peek.correlation_id, reply)
+
+    def handle_push(self, session: ConnectionState, peek: RequestPeek,
+                    frame: memoryview) -> bytes | Awaitable[bytes]:
+        """The answer at once when a check fails; else an awaitable that decodes first."""
+        body = decode_request_body(frame, peek.api_key, peek.api_version, peek.body_offset)
+        started = self.state.begin_push(
+            body["client_instance_id"], body["subscription_id"], body["terminating"],
+            body["compression_type"], body["metrics"], self.attributes(session),
+            self.clock_ms())
+        if isinstance(started, policy.PushResult):
+            return self._answer(session, peek, started)
+        raw: bytes | None = None
+        if len(started.payload) <= SMALL_BYTES and not started.instance.paced:
+            result, raw = self._decode_small(session, started)
+            if result is not None:
+                return self._answer(session, peek, result)
+        started.instance.paced += 1
+        self.state.note_last_push(started.instance, None)  # its series may change otherwise
+        return self._decode_and_answer(session, peek, started, raw)
+
+    def _decode_small(self, session: ConnectionState, pending: policy.PendingPush
+                      ) -> tuple[policy.PushResult | None, bytes | None]:
+        """A small push decompressed, decoded and ingested at once; else (None, the
+        payload decompressed if that went within SMALL_BYTES) for the paced path.
+
+        A push shaped like its client's last one is not decoded: its values are read
+        where the last one's were, and update the series the last one's points did.
+        """
+        limit = min(SMALL_BYTES, self.state.settings.max_decompressed_bytes)
+        try:
+            raw = compression.decompress(pending.compression_type, pending.payload, limit)
+        except CodecError:  # the paced path decompresses it again and decides
+            return None, None
+        inst, limits = pending.instance, self.state.settings.decode_limits
+        values = None if inst.last_push is None else inst.last_push.shape.values(raw)
+        metrics, shape = None, None
+        if values is None:
+            known = self.shapes.decode(raw, limits)  # a shape other clients pushed
+            if known is not None:
+                shape, metrics = known
+            else:
+                metrics = decode_small(raw, limits)
+                if metrics is None:
+                    return None, raw
+        result = self.state.finish_push(pending, raw, metrics or [])
+        if self._take_note(session, result) and self.cfg.prometheus and (
+                metrics or values is not None):
+            self._count_ingest(self._ingest_small(inst, raw, metrics, values, shape))
+        return result, raw
+
+    def _ingest_small(self, inst: policy.ClientInstance, raw: bytes,
+                      metrics: list[otlp.ResourceMetrics] | None,
+                      values: list[int | float] | None, shape: Shape | None) -> IngestStats:
+        delta, limits = self.state.settings.delta_temporality, self.state.settings.decode_limits
+        if values is not None and inst.last_push is not None:
+            stats = self.store.land(inst.instance_id, inst.last_push.landing, values, delta)
+            if stats is not None:
+                return stats
+            metrics = decode_small(raw, limits)
+        stats, landing = self.store.ingest_noting(inst.instance_id, inst.attrs,
+                                                  metrics or [], delta)
+        if landing is not None and shape is None and metrics:
+            shape = self.shapes.note(raw, metrics, limits)
+        self.state.note_last_push(
+            inst, policy.LastPush(shape, landing) if shape and landing else None)
+        return stats
+
+    async def _decode_and_answer(self, session: ConnectionState, peek: RequestPeek,
+                                 pending: policy.PendingPush, raw: bytes | None) -> bytes:
+        try:
+            async with self.decode_limiter:
+                result = await self._decode(pending, raw)
+                if not result.error_code:
+                    await self._accept(session, result)
+        finally:
+            pending.instance.paced -= 1
+        return self._answer(session, peek, result)
+
+    async def _decode(self, pending: policy.PendingPush,
+                      raw: bytes | None) -> policy.PushResult:
+        """Decompressed (unless ``raw`` already is) and decoded, paced, in steps."""
+        try:
+            if raw is None and pending.compression_type:
+                raw = await self.pacer.in_thread(lambda: self.state.decompress(pending))
+            elif raw is None:
+                raw = pending.payload
+            decoder = MetricsDecoder(raw, self.state.settings.decode_limits)
+            await self.pacer.steps(decoder.steps())
+        except CodecError as exc:
+            return self.state.fail_push(pending, exc)
+        return self.state.finish_push(pending, raw, decoder.result)
+
+    async def _accept(self, session: ConnectionState, result: policy.PushResult) -> None:
+        inst = result.instance
+        if not self._take_note(session, result) or not result.metrics or not (
+                self.cfg.prometheus) or inst is None:
+            return
+        stats = IngestStats()
+        try:
+            await self.pacer.steps(self.store.ingest_steps(
+                inst.instance_id, inst.attrs, result.metrics,
+                self.state.settings.delta_temporality, stats))
+        finally:
+            self._count_ingest(stats)
+
+    def _take_note(self, session: ConnectionState, result: policy.PushResult) -> bool:
+        """Archive and listeners; False if the instance is forgotten (nothing to keep)."""
+        inst = result.instance
+        if inst is None or not self.state.remembers(inst):
+            return False  # forgotten while its push was decoded: nothing to keep it under
+        if result.raw and self.archive is not None:
+            # Turned into JSON on the archive's thread, not here.
+            self.archive.telemetry_payload(result.raw, _resource_attributes(inst.attrs,
+                                                                            self.hostname))
+        for listener in self.push_listeners:
+            listener(session, inst, result.raw)
+        return True
+
+    def _count_ingest(self, stats: IngestStats) -> None:
+        if stats.dropped_by_cap:
+            self.dropped.inc(stats.dropped_by_cap)
+            now = time.monotonic()
+            if now - self._ratelog_last > 60:
+                self._ratelog_last = now
+                log.warning("client metric series cap reached; dropping new series",
+                            extra={"fields": {"max_series": self.store.max_series,
+                                              "dropped": stats.dropped_by_cap}})
+        if stats.unsupported or stats.type_conflicts:
+            self.unsupported.inc(stats.unsupported + stats.type_conflicts)
+        for bound, n in (("series_bytes", stats.dropped_by_bytes),
+                         ("families", stats.dropped_families),
+                         ("point_labels", stats.labels_dropped)):
+            if n:
+                self.dropped_other.labels(bound).inc(n)
+
+    def _answer(self, session: ConnectionState, peek: RequestPeek,
+                result: policy.PushResult) -> bytes:
+        error = result.error_code
+        answered = self._answered.get((error, result.compression_type))
+        if answered is None:  # the counters' children, looked up once
+            answered = self._answered[error, result.compression_type] = (
+                self.requests.labels("PushTelemetry", policy.ERROR_NAMES[error]),
+                None if error else self.by_compression.labels(
+                    _COMPRESSION[result.compression_type]))
+        answered[0].inc()
+        if answered[1] is not None:
+            answered[1].inc()
+        if result.limit:
+            self.over_limit.labels(result.limit).inc()
+        if error:
+            log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
+                "error": policy.ERROR_NAMES[error], **session.log_fields()}})
+        # The answer differs only in its correlation id, which opens every response
+        # header: encoded once per version and error, then given the request's own.
+        template = self._answers.get((peek.api_version, error))
+        if template is None:
+            template = self._answers[peek.api_version, error] = encode_response_parts(
+                api_keys.PUSH_TELEMETRY, peek.api_version, 0,
+                {"throttle_time_ms": 0, "error_code": error})
+        return _CORRELATION_ID.pack(peek.correlation_id) + template[4:]
+
+
+def _resource_attributes(attrs: dict[str, str], hostname: str) -> dict[str, str]:
+    """What the proxy knows of the client, as OTLP resource attributes for the archive."""
+    return {
+        "client.instance.id": attrs.get("client_instance_id", ""),
+        "client.id": attrs.get("client_id", ""),
+        "client.software.name": attrs.get("client_software_name", ""),
+        "client.software.version": attrs.get("client_software_version", ""),
+        "client.source.address": attrs.get("client_source_address", ""),
+        "kproxy.host": hostname,
+        "kproxy.received.time.unix.nano": str(time.time_ns()),
+    }
