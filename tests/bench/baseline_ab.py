@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import TansuBroker, free_port  # noqa: E402
-from tests.support import stop_process  # noqa: E402
+from tests.support import broker_port_base, stop_process  # noqa: E402
 
 IMPORTED = "kproxy imported from"
 LAUNCHER = ("import os, sys, kproxy, kproxy.codecs, kproxy.cli; "
@@ -73,7 +73,7 @@ def this_tree() -> str:
 def launch(name: str, broker: str, work: Path, site: Path | None, extra: list[str],
            tag: str) -> tuple[Path_, str]:
     """A proxy started through the launcher, and the import line it wrote."""
-    port, http, base = free_port(), free_port(), free_port()
+    port, http, base = free_port(), free_port(), broker_port_base()
     log = work / f"kproxy-{tag}-{name}.log"
     env = {"KPROXY_CONFIG": ""}
     if site is not None:

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port  # noqa: E402
+from tests.support import broker_port_base  # noqa: E402
 from tests.support import stop_process as stop_proc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -252,7 +253,7 @@ def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
 
     assert broker.process is not None
 
-    port, http, base = free_port(), free_port(), free_port()
+    port, http, base = free_port(), free_port(), broker_port_base()
     proc = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
                   "--upstream", broker.bootstrap,
                   "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}",

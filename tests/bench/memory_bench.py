@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import free_port, wait_for_port  # noqa: E402
 from tests.fake_broker import FakeBroker  # noqa: E402
-from tests.support import stop_process  # noqa: E402
+from tests.support import broker_port_base, stop_process  # noqa: E402
 
 RESPONSE_BYTES = 50 * 1024 * 1024
 READ_RATE = 5 * 1024 * 1024  # bytes per second per reader
@@ -117,7 +117,7 @@ def main() -> int:
     results: dict[str, list[dict[str, float]]] = {}
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        listen, http, base = free_port(), free_port(), free_port()
+        listen, http, base = free_port(), free_port(), broker_port_base()
         with open(work / "kproxy.log", "wb") as log:
             kp = subprocess.Popen([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
                                    "--upstream", f"127.0.0.1:{fake_port}",

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import TansuBroker, free_port, tansu_binary  # noqa: E402
+from tests.support import broker_port_base  # noqa: E402
 from tests.support import stop_process as stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -104,7 +105,7 @@ def main() -> int:
         b.start()
     paths = [Path_("direct", brokers["direct"].bootstrap)]
     try:
-        kp_port, kp_http, kp_base = free_port(), free_port(), free_port()
+        kp_port, kp_http, kp_base = free_port(), free_port(), broker_port_base()
         kp = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
                     "--upstream", brokers["kproxy"].bootstrap,
                     "--listen", f"127.0.0.1:{kp_port}", "--http", f"127.0.0.1:{kp_http}",

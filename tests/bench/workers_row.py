@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import TansuBroker, free_port  # noqa: E402
-from tests.support import stop_process  # noqa: E402
+from tests.support import broker_port_base, stop_process  # noqa: E402
 
 HEADING = "## kproxy workers"
 KEYS = (("produce_1k", "produce 1 KB"), ("consume", "consume 1 KB"))
@@ -83,7 +83,7 @@ def measure(work: Path, reps: int, clients: int, count: int,
         for b in brokers.values():
             b.start()
         for n, broker in brokers.items():
-            port, http, base = free_port(), free_port(), free_port()
+            port, http, base = free_port(), free_port(), broker_port_base()
             proc = start([*pin, sys.executable, "-m", "kproxy.cli", "run", "--workers", str(n),
                           "--upstream", broker.bootstrap, "--listen", f"127.0.0.1:{port}",
                           "--http", f"127.0.0.1:{http}", "--broker-port-base", str(base),
