@@ -86,16 +86,21 @@ class ClientWriter:
                     charge: Charge, chunk: int) -> None:
         """Write ``slot``'s answer as its bytes arrive (cut-through): ``head`` now, then
         ``rest`` bytes copied from ``source`` through one buffer of at most ``chunk``.
-        ``head`` is emptied once written, so its memory is given back before the copy."""
+        ``head`` is emptied once written, so its memory is given back before the copy.
+        ``slot`` leaves the head of the order only once the lock is held: a flush queued
+        for the lock earlier would otherwise find the answers behind it ready and write
+        them first. They go out after it, in the flush at the end."""
         size = sum(map(len, head)) + rest
         buf = bytearray(min(rest, chunk))
         charge.settle(size - rest + len(buf))
         async with self.lock:
+            self.ordered.pop_head(slot)
             await self.send(list(head))
             head.clear()
             charge.settle(len(buf))
             await copy_exactly(source, rest, buf, lambda piece: self.send([piece]))
         self.answered(slot, size)
+        await self.flush()  # answers behind it that a flush found not yet ready
 
     async def flush(self) -> None:
         """Write every answer that is ready at the head of the order."""

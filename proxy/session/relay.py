@@ -219,7 +219,6 @@ async def _pass_through(session: Session, upstream: Transport, reader: FrameRead
                         charge: Charge, slot: Slot) -> None:
     """Relay the pending frame to the client as its bytes arrive (cut-through)."""
     session.ordered.next_upstream(slot.correlation_id)
-    session.ordered.pop_head(slot)
     parts, rest = reader.take_partial()
     session.conn.observe_head(slot.api_key, slot.api_version, parts)
     try:
