@@ -10,6 +10,7 @@ bounded by ``write_timeout``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -21,7 +22,8 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.session.errors import SessionClosed
 from kproxy.session.inflight import OrderedResponses, Slot
 from kproxy.session.latency_sketch import LatencySketch
-from kproxy.session.transport import Buffer, Transport, coalesce, copy_exactly
+from kproxy.session.splice import Pipe, splice_exactly
+from kproxy.session.transport import Buffer, SocketTransport, Transport, coalesce, copy_exactly
 
 
 async def send_all(transport: Transport, parts: Sequence[Frame | Buffer],
@@ -101,6 +103,23 @@ class ClientWriter:
             await copy_exactly(source, rest, buf, lambda piece: self.send([piece]))
         self.answered(slot, size)
         await self.flush()  # answers behind it that a flush found not yet ready
+
+    async def splice(self, slot: Slot, head: list[memoryview], source: SocketTransport,
+                     rest: int, charge: Charge, pipe: Pipe) -> None:
+        """Like ``relay``, the ``rest`` spliced from ``source`` through ``pipe`` (never
+        copied into the process); what the pipe holds is counted as held."""
+        assert isinstance(self.transport, SocketTransport)
+        size = sum(map(len, head)) + rest
+        charge.settle(size - rest + pipe.size)
+        async with self.lock:
+            self.ordered.pop_head(slot)
+            await self.send(list(head))
+            head.clear()
+            charge.settle(pipe.size)
+            await splice_exactly(source.fd, self.transport.fd, rest, pipe,
+                                 read_timeout=math.inf, write_timeout=self.write_timeout())
+        self.answered(slot, size)
+        await self.flush()
 
     async def flush(self) -> None:
         """Write every answer that is ready at the head of the order."""
