@@ -146,6 +146,10 @@ class FrameReader:
             return None
         return total, self._peek(min(8, self._buffered))
 
+    def head(self, n: int) -> bytes:
+        """A copy of up to the first ``n`` buffered bytes (to peek a pending frame's header)."""
+        return self._peek(min(n, self._buffered)) if self._buffered else b""
+
     def open_in_place(self) -> None:
         """Receive the pending frame (see ``pending``) in place from now on."""
         pending = self.pending()

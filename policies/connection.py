@@ -165,6 +165,10 @@ class ConnectionState:
         handler = self._requests.get(peek.api_key)
         return None if handler is None else handler.request(self, peek, body)
 
+    def handles_request(self, api_key: int) -> bool:
+        """Whether a handler reads requests of ``api_key`` (else they may go as bytes)."""
+        return api_key in self._requests
+
     def wants_response(self, api_key: int, api_version: int) -> bool:
         """Whether a response must be seen whole; every other one is relayed as bytes."""
         handler = self._responses.get(api_key)

@@ -67,6 +67,13 @@ def parse_positive_int(text: str | int) -> int:
     return value
 
 
+def parse_non_negative_int(text: str | int) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be 0 or more, got {text!r}")
+    return value
+
+
 def parse_workers(text: str | int) -> int:
     """A worker count, or ``auto`` (0): as many as the CPUs the process may use."""
     if str(text).strip().lower() == "auto":
@@ -209,6 +216,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_inflight", parse_positive_int, 1000,
            "requests in flight per client connection before the proxy stops reading "
            "from that client", "N"),
+    Option("splice_from", parse_non_negative_int, 64 * 1024,
+           "frames at least this large (bytes) whose body nobody needs are relayed socket to "
+           "socket with splice (Linux, plain TCP), never copied into the proxy; 0: off",
+           "BYTES"),
     Option("connect_timeout", parse_seconds, 10.0, "upstream connect timeout", "SECONDS"),
     Option("write_timeout", parse_seconds, 60.0,
            "longest a single write to a peer may take before the connection is dropped",

@@ -39,6 +39,7 @@ from kproxy.http.server import MAX_CONNECTIONS as HTTP_MAX_CONNECTIONS
 from kproxy.logs import RateLimitedLog
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.runtime.listeners import peer_of
+from kproxy.session.splice import PIPE_FDS
 
 log = logging.getLogger("kproxy")
 
@@ -93,7 +94,7 @@ def raise_open_file_limit() -> tuple[int, int, int | None]:
 def plan_budget(soft: int, hard: int, raised_from: int | None, *, listener_fds: int,
                 broker_listener_fds: int, archive: bool) -> FdBudget:
     reserved = (BASE_FDS + listener_fds + broker_listener_fds + HTTP_MAX_CONNECTIONS
-                + (ARCHIVE_FDS if archive else 0) + DISCOVERY_FDS + MARGIN_FDS)
+                + (ARCHIVE_FDS if archive else 0) + DISCOVERY_FDS + MARGIN_FDS + PIPE_FDS)
     limit = soft if soft != resource.RLIM_INFINITY else 1 << 30
     return FdBudget(soft, hard, raised_from, reserved, max(0, (limit - reserved) // 2))
 

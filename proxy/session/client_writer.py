@@ -10,6 +10,7 @@ bounded by ``write_timeout``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -21,7 +22,8 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.session.errors import SessionClosed
 from kproxy.session.inflight import OrderedResponses, Slot
 from kproxy.session.latency_sketch import LatencySketch
-from kproxy.session.transport import Buffer, Transport, coalesce, copy_exactly
+from kproxy.session.splice import Pipe, splice_exactly
+from kproxy.session.transport import Buffer, SocketTransport, Transport, coalesce, copy_exactly
 
 
 async def send_all(transport: Transport, parts: Sequence[Frame | Buffer],
@@ -86,16 +88,38 @@ class ClientWriter:
                     charge: Charge, chunk: int) -> None:
         """Write ``slot``'s answer as its bytes arrive (cut-through): ``head`` now, then
         ``rest`` bytes copied from ``source`` through one buffer of at most ``chunk``.
-        ``head`` is emptied once written, so its memory is given back before the copy."""
+        ``head`` is emptied once written, so its memory is given back before the copy.
+        ``slot`` leaves the head of the order only once the lock is held: a flush queued
+        for the lock earlier would otherwise find the answers behind it ready and write
+        them first. They go out after it, in the flush at the end."""
         size = sum(map(len, head)) + rest
         buf = bytearray(min(rest, chunk))
         charge.settle(size - rest + len(buf))
         async with self.lock:
+            self.ordered.pop_head(slot)
             await self.send(list(head))
             head.clear()
             charge.settle(len(buf))
             await copy_exactly(source, rest, buf, lambda piece: self.send([piece]))
         self.answered(slot, size)
+        await self.flush()  # answers behind it that a flush found not yet ready
+
+    async def splice(self, slot: Slot, head: list[memoryview], source: SocketTransport,
+                     rest: int, charge: Charge, pipe: Pipe) -> None:
+        """Like ``relay``, the ``rest`` spliced from ``source`` through ``pipe`` (never
+        copied into the process); what the pipe holds is counted as held."""
+        assert isinstance(self.transport, SocketTransport)
+        size = sum(map(len, head)) + rest
+        charge.settle(size - rest + pipe.size)
+        async with self.lock:
+            self.ordered.pop_head(slot)
+            await self.send(list(head))
+            head.clear()
+            charge.settle(pipe.size)
+            await splice_exactly(source.fd, self.transport.fd, rest, pipe,
+                                 read_timeout=math.inf, write_timeout=self.write_timeout())
+        self.answered(slot, size)
+        await self.flush()
 
     async def flush(self) -> None:
         """Write every answer that is ready at the head of the order."""

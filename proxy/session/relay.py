@@ -18,6 +18,7 @@ proxy-wide ``BackendService``.
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from typing import TYPE_CHECKING
@@ -31,10 +32,11 @@ from kproxy.codecs.peek import peek_correlation_id, peek_request
 from kproxy.memory import Charge
 from kproxy.policies.connection import Answer, AnswerLater, Close, Forward
 from kproxy.policies.rebootstrap import Action
+from kproxy.session import splice
 from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import Slot
-from kproxy.session.transport import Transport
+from kproxy.session.transport import SocketTransport, Transport
 
 if TYPE_CHECKING:
     from kproxy.session.session import Session
@@ -44,6 +46,8 @@ RECV_BYTES = 256 * 1024
 # A response frame larger than this that is not complete in what was received is
 # passed through (or, when it must be rewritten, received in place).
 LARGE_FRAME = RECV_BYTES
+# Enough of a request's start to peek its header (client id, transactional id, acks).
+PEEK_BYTES = 4096
 # Local answers (a small telemetry push is decoded as it is answered) made from one
 # read for longer than this: the loop serves other connections before the rest.
 LOCAL_WORK_S = 0.002
@@ -118,6 +122,61 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
         await session.send_upstream(out)
     if answered_locally:
         await session.writer.flush()
+
+
+async def splice_request(session: Session, reader: FrameReader, charge: Charge) -> None:
+    """A large request has started and is not complete: when its header says nobody
+    needs its body, send what is buffered of it and splice the rest to the broker."""
+    pending = reader.pending()
+    ends = session.splice_ends()
+    if (pending is None or ends is None or pending[0] < session.config.splice_from
+            or session.draining):
+        return
+    total = pending[0]
+    head = memoryview(reader.head(PEEK_BYTES))[4:]
+    try:
+        peek = peek_request(head)
+    except CodecError:
+        return  # not enough of the header yet, or a bad one: the usual path decides
+    conn = session.conn
+    if conn.handles_request(peek.api_key):
+        return  # a handler reads requests of this kind whole
+    if len(session.ordered) >= session.config.max_inflight:
+        await _wait_for_room(session)
+    pipe = splice.PIPES.take()
+    if pipe is None:
+        return
+    client, upstream = ends
+    parts, rest = reader.take_partial()
+    decision = conn.request(peek, head)  # notes the version and client id
+    assert decision is None
+    session.frames_in += 1
+    session.bytes_in += total
+    session.services.metrics.api(peek.api_key).request(total)
+    charge.settle(sum(map(len, parts)) + pipe.size)
+    idle = session.config.idle_timeout
+    try:
+        await session.send_upstream(parts)
+        parts.clear()
+        charge.settle(pipe.size)
+        await splice.splice_exactly(client.fd, upstream.fd, rest, pipe,
+                                    read_timeout=idle or math.inf,
+                                    write_timeout=session.config.write_timeout)
+    except BaseException:  # cut short: the broker has part of a frame
+        splice.PIPES.give_back(pipe, empty=False)
+        session.close()
+        raise
+    splice.PIPES.give_back(pipe, empty=True)
+    charge.settle(0)
+    client.may_have_bytes()  # the next request may be waiting already
+    now = time.monotonic()
+    session.last_activity = trio.current_time()
+    if peek.expects_response:  # its answer cannot come before its last byte left
+        slot = session.ordered.expect_upstream(peek.correlation_id, peek.api_key,
+                                               peek.api_version, now)
+        slot.upstream_version = peek.api_version
+    else:
+        session.ordered.expect_nothing(peek.correlation_id)
 
 
 async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> None:
@@ -198,28 +257,56 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
 
 async def _handle_pending(session: Session, upstream: Transport, reader: FrameReader,
                           charge: Charge) -> None:
-    """A large response has started and is not complete: pass it through, or receive
-    it whole in place when it must be rewritten (its size reserved first)."""
+    """A large response has started and is not complete: splice or pass it through, or
+    receive it whole in place when it must be rewritten (its size reserved first)."""
     pending = reader.pending()
-    if pending is None or pending[0] < LARGE_FRAME or len(pending[1]) < 8:
+    if pending is None or len(pending[1]) < 8:
         return
     total, head = pending
+    ends = session.splice_ends()
+    splice_from = session.config.splice_from if ends is not None else 0
+    if total < LARGE_FRAME and not (splice_from and total >= splice_from):
+        return
     ordered = session.ordered
     slot = ordered.peek_upstream(peek_correlation_id(head[4:]))
     if (slot is not None and ordered.is_next(slot)
             and not session.conn.wants_response(slot.api_key, slot.api_version)):
-        await _pass_through(session, upstream, reader, charge, slot)
+        pipe = splice.PIPES.take() if ends is not None and total >= splice_from else None
+        if pipe is not None:
+            assert ends is not None
+            await _splice_through(session, ends[1], reader, charge, slot, pipe)
+        elif total >= LARGE_FRAME:
+            await _pass_through(session, upstream, reader, charge, slot)
         return
-    # To rewrite, or behind a local answer still being made, or a stray answer.
-    await charge.reserve_to(total)
-    reader.open_in_place()
+    if total >= LARGE_FRAME:  # to rewrite, or behind a local answer, or a stray answer
+        await charge.reserve_to(total)
+        reader.open_in_place()
+
+
+async def _splice_through(session: Session, upstream: SocketTransport, reader: FrameReader,
+                          charge: Charge, slot: Slot, pipe: splice.Pipe) -> None:
+    """Relay the pending frame to the client, its rest spliced socket to socket."""
+    session.ordered.next_upstream(slot.correlation_id)
+    parts, rest = reader.take_partial()
+    session.conn.observe_head(slot.api_key, slot.api_version, parts)
+    try:
+        await session.writer.splice(slot, parts, upstream, rest, charge, pipe)
+    except BaseException as exc:  # cut short: the client has part of a frame
+        splice.PIPES.give_back(pipe, empty=False)
+        if isinstance(exc, PeerGone):
+            session.services.events.upstream_lost(session.conn, "broker closed the "
+                                                  "connection mid-response")
+        session.close()
+        raise
+    splice.PIPES.give_back(pipe, empty=True)
+    upstream.may_have_bytes()  # what follows the frame may be waiting already
+    session.last_activity = trio.current_time()
 
 
 async def _pass_through(session: Session, upstream: Transport, reader: FrameReader,
                         charge: Charge, slot: Slot) -> None:
     """Relay the pending frame to the client as its bytes arrive (cut-through)."""
     session.ordered.next_upstream(slot.correlation_id)
-    session.ordered.pop_head(slot)
     parts, rest = reader.take_partial()
     session.conn.observe_head(slot.api_key, slot.api_version, parts)
     try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -38,14 +38,14 @@ from kproxy.context import SessionServices
 from kproxy.memory import Charge
 from kproxy.policies import timeouts
 from kproxy.policies.connection import ConnectionState
-from kproxy.session import parking
+from kproxy.session import parking, splice
 from kproxy.session.client_writer import ClientWriter, send_all
 from kproxy.session.errors import PeerGone, SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import OrderedResponses
 from kproxy.session.latency_sketch import LatencySketch
-from kproxy.session.relay import RECV_BYTES, handle_requests, relay_responses
-from kproxy.session.transport import SocketTransport, Transport, transport_for
+from kproxy.session.relay import RECV_BYTES, handle_requests, relay_responses, splice_request
+from kproxy.session.transport import Buffer, SocketTransport, Transport, transport_for
 
 log = logging.getLogger("kproxy.session")
 
@@ -102,6 +102,11 @@ class Session:
     @property
     def ended(self) -> bool:
         return self._ended
+
+    @property
+    def draining(self) -> bool:
+        """Taking no new requests: a drain, or its backend gone."""
+        return self._draining or self._end_at_request
 
     @property
     def parking(self) -> bool:
@@ -263,6 +268,15 @@ class Session:
         return type(self._client_io) is SocketTransport and (
             self._upstream_io is None or type(self._upstream_io) is SocketTransport)
 
+    def splice_ends(self) -> tuple[SocketTransport, SocketTransport] | None:
+        """Client and upstream when frames may be spliced between them (plain TCP both
+        ways, splice on and available), else None."""
+        client, upstream = self._client_io, self._upstream_io
+        if (splice.AVAILABLE and self.config.splice_from and type(client) is SocketTransport
+                and type(upstream) is SocketTransport):
+            return client, upstream
+        return None
+
     def _may_park(self, reader: FrameReader) -> bool:
         """Whether both tasks may return now, the sockets and state kept: idle for
         ``PARK_AFTER_S``, nothing in flight, buffered or being written, no task but the
@@ -327,6 +341,7 @@ class Session:
                     break
                 await handle_requests(self, reader)
                 charge.settle(reader.held())
+                await splice_request(self, reader, charge)
         finally:
             charge.release()
         # Draining: wait until every request already taken has been answered.
@@ -345,7 +360,7 @@ class Session:
             self.services.events.limit_hit(which, f"{msg}; closed", self.conn)
             raise SessionClosed(which.replace("_", " "))
 
-    async def send_upstream(self, parts: list[Frame | bytes]) -> None:
+    async def send_upstream(self, parts: Sequence[Frame | Buffer]) -> None:
         """Write ``parts`` to the broker, connecting first if this is the first request."""
         if self._upstream_io is None:
             await self._connect()

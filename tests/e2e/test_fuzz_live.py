@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.server import Proxy
+from kproxy.session import splice
 
 from ..conftest import load_vectors
 from ..support import RawClient, encode_request, make_config
@@ -53,9 +54,28 @@ def mutated_request(draw: st.DrawFn) -> bytes:
     return framed(bytes(frame))
 
 
+SPLICE_FROM = 64 * 1024  # the default splice_from
+# A first request that opens the upstream connection: a large frame after it can be
+# spliced (kproxy.session.splice), where a connection's first frame never is.
+OPENER = encode_request(api_keys.API_VERSIONS, 3, 1, API_VERSIONS_V3)
+
+
+@st.composite
+def large_request(draw: st.DrawFn) -> bytes:
+    """A mutated request padded past the splice threshold, after an opener; sometimes cut
+    short (the client then hangs up in the middle of a spliced frame)."""
+    frame = bytearray(draw(mutated_request()))
+    size = draw(st.integers(SPLICE_FROM, 3 * SPLICE_FROM))
+    frame += bytes([draw(st.integers(0, 255))]) * max(0, size - len(frame))
+    frame[0:4] = struct.pack(">i", len(frame) - 4)
+    cut = draw(st.one_of(st.just(len(frame)), st.integers(5, len(frame))))
+    return OPENER + bytes(frame[:cut])
+
+
 # What a raw client sends on one connection: whole mutated frames, bare random bytes,
-# or a random size prefix with what follows.
+# a random size prefix with what follows, or a large frame after an opener.
 INPUTS = st.one_of(
+    large_request(),
     mutated_request(),
     st.binary(min_size=1, max_size=64),
     st.builds(lambda size, rest: struct.pack(">i", size) + rest,
@@ -148,3 +168,23 @@ def test_an_encoded_request_is_a_sanity_check_for_the_harness(fuzz_broker: Tansu
             return outcome
 
     assert trio.run(run) == "answered"
+
+
+def test_large_inputs_take_the_splice_path(fuzz_broker: TansuBroker) -> None:
+    """What ``large_request`` makes is spliced: the fuzzer reaches the new path."""
+    async def run() -> int:
+        proxy = Proxy(make_config(fuzz_broker.bootstrap))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: proxy.run(handle_signals=False,
+                                                              task_status=task_status))
+            assert proxy.bootstrap_port is not None
+            before = splice.PIPES.frames
+            body = struct.pack(">hhih", api_keys.FETCH, 4, 2, 1) + b"t"
+            body += bytes(2 * SPLICE_FROM)
+            await one_input(proxy.bootstrap_port, OPENER + framed(body))
+            spliced = splice.PIPES.frames - before
+            assert await metric(proxy, "kproxy_internal_errors_total") == 0
+            proxy.shutdown()
+            return spliced
+
+    assert trio.run(run) == 1

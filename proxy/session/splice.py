@@ -1,0 +1,167 @@
+"""Relaying the rest of a large frame socket to pipe to socket, never copied into Python.
+
+Once a frame's header is peeked and nobody needs its body, ``splice_exactly`` moves
+the bytes still to come with ``os.splice`` (Linux): from the source socket into a
+pipe, and from the pipe into the destination socket. The kernel passes page
+references; the proxy's process never holds the bytes, and a 1 MB produce batch costs
+a few dozen system calls instead of a receive, an assembly and a ``writev``.
+
+Backpressure stays as it was: a pipe holds at most ``Pipe.size`` bytes (asked for as
+``PIPE_BYTES``), and while it is full nothing more is read from the source, so a slow
+reader slows its sender and the proxy holds one pipe's worth. The caller counts that
+against the memory budget, as it counted the copy path's receive buffer.
+
+Pipes come from one pool per process (``PIPES``), borrowed for one frame and given
+back empty: an idle connection holds none, and at most ``MAX_PIPES`` are open at once
+(their descriptors are reserved in the open-file budget, ``PIPE_FDS``). When the pool
+is spent, or splice is unavailable (not Linux, TLS on either side), the copy path
+relays the frame as before. A pipe that may still hold bytes (a relay cut short) is
+closed, never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from kproxy.session.errors import PeerGone, SessionClosed
+
+AVAILABLE = sys.platform == "linux" and hasattr(os, "splice")
+# What each pipe is asked to hold (F_SETPIPE_SZ): the copy path's receive buffer.
+PIPE_BYTES = 256 * 1024
+MAX_PIPES = 32  # open at once per process; beyond, frames take the copy path
+PIPE_FDS = 2 * MAX_PIPES
+# After this many splices that did not wait, yield once to the scheduler.
+FAIRNESS_OPS = 16
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (named in the fcntl module from 3.10 on Linux)
+_F_GETPIPE_SZ = 1032
+_FLAGS = (os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK) if AVAILABLE else 0
+
+
+class Pipe:
+    """One kernel pipe: ``r`` and ``w`` descriptors, ``size`` bytes of capacity."""
+
+    __slots__ = ("r", "size", "w")
+
+    def __init__(self) -> None:
+        import fcntl  # Linux only, as is this class
+
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Refused past the per-user pipe limit: the default size then serves.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self.w, _F_SETPIPE_SZ, PIPE_BYTES)
+        self.size: int = fcntl.fcntl(self.w, _F_GETPIPE_SZ)
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+class PipePool:
+    """Pipes borrowed for one frame each; at most ``limit`` open at once."""
+
+    __slots__ = ("_idle", "frames", "limit", "opened")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.opened = 0  # open pipes, idle or lent
+        self.frames = 0  # frames whose rest went through a pipe of this pool
+        self._idle: list[Pipe] = []
+
+    def take(self) -> Pipe | None:
+        """An empty pipe, or None: the pool is spent (or pipes cannot be made)."""
+        if self._idle:
+            return self._idle.pop()
+        if self.opened >= self.limit:
+            return None
+        try:
+            pipe = Pipe()
+        except OSError:  # out of descriptors: the copy path needs none
+            return None
+        self.opened += 1
+        return pipe
+
+    def give_back(self, pipe: Pipe, empty: bool) -> None:
+        """Return ``pipe``; one that may hold bytes (``empty`` False) is closed."""
+        if empty:
+            self.frames += 1
+            self._idle.append(pipe)
+            return
+        pipe.close()
+        self.opened -= 1
+
+
+PIPES = PipePool(MAX_PIPES)
+
+
+async def splice_exactly(src: int, dst: int, n: int, pipe: Pipe, *, read_timeout: float,
+                         write_timeout: float) -> None:
+    """Move exactly ``n`` bytes from socket ``src`` to socket ``dst`` through ``pipe``.
+
+    Waits for the source at most ``read_timeout`` at a time (``math.inf``: as long as
+    it takes) and for room at the destination at most ``write_timeout``. Raises
+    ``PeerGone`` when either side goes away, ``SessionClosed`` on a timeout; either,
+    or a cancellation, leaves the frame cut short: the caller must end the connection.
+    """
+    in_pipe = 0
+    ops = 0
+    ended = False  # the source closed: what the pipe holds still goes out, then it ends
+    while n or in_pipe:
+        if ended and not in_pipe:
+            raise PeerGone("closed in the middle of a frame")
+        moved = False
+        if n and in_pipe < pipe.size and not ended:
+            try:
+                got = os.splice(src, pipe.w, min(n, pipe.size - in_pipe), flags=_FLAGS)
+            except BlockingIOError:  # nothing to read, or the pipe is full
+                got = -1
+            except OSError as exc:
+                raise _gone(exc) from exc
+            if not got:
+                ended = True
+                continue
+            if got > 0:
+                n -= got
+                in_pipe += got
+                moved = True
+        if in_pipe:
+            try:
+                put = os.splice(pipe.r, dst, in_pipe, flags=_FLAGS)
+            except BlockingIOError:  # the destination's send buffer is full
+                put = 0
+            except OSError as exc:
+                raise _gone(exc) from exc
+            in_pipe -= put
+            moved = moved or put > 0
+        if moved:
+            ops += 1
+            if ops >= FAIRNESS_OPS:  # one busy frame must not starve the others
+                ops = 0
+                await trio.lowlevel.checkpoint()
+            continue
+        ops = 0
+        if in_pipe:  # bytes to write and nowhere to put them: wait for the reader
+            await _wait(trio.lowlevel.wait_writable, dst, write_timeout, "write timed out")
+        else:
+            await _wait(trio.lowlevel.wait_readable, src, read_timeout,
+                        "no bytes of a frame's rest within the read timeout")
+
+
+async def _wait(wait: Callable[[int], Awaitable[None]], fd: int, timeout: float,
+                reason: str) -> None:
+    if math.isinf(timeout):
+        await wait(fd)
+        return
+    with trio.move_on_after(timeout) as scope:
+        await wait(fd)
+    if scope.cancelled_caught:
+        raise SessionClosed(reason)
+
+
+def _gone(exc: OSError) -> PeerGone:
+    return PeerGone(exc.strerror or type(exc).__name__)
