@@ -192,15 +192,21 @@ class Admission:
         """Count the connection in, or refuse it when a connection limit is reached."""
         cfg = self.config
         cap = self.max_connections
+        controlled = self.control is not None and self.budget is not None
+        if controlled and self.budget is not None:
+            # The two limits are the supervisor's, over every worker; what is left here
+            # is what this worker's descriptors hold (counting connections still
+            # waiting for a verdict, so a local limit here would refuse too early).
+            cap = self.budget.connections
         if self.open >= cap:
-            by_fds = cap < cfg.max_connections
+            by_fds = controlled or cap < cfg.max_connections
             self.refuse("fds" if by_fds else "max_connections", "max_connections",
                         "connection limit reached; new connection closed", (source, 0),
                         listener=listener, maximum=cap,
                         reason="open-file limit" if by_fds else "max_connections")
             return False
         held = self.by_source.get(source, 0)
-        if held >= cfg.max_connections_per_source:
+        if held >= cfg.max_connections_per_source and not controlled:
             self.refuse("max_connections_per_source", "max_connections_per_source",
                         "per-source connection limit reached; new connection closed",
                         (source, 0), listener=listener, maximum=cfg.max_connections_per_source)

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import trio
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.runtime.admission_hub import (
@@ -75,6 +75,10 @@ class AdmissionControl:
             "kproxy_admission_fallbacks", "Connections admitted by this worker's share of "
             "the limits because the supervisor did not answer in time",
             registry=metrics.registry)
+        self.wait = Histogram(
+            "kproxy_admission_wait_seconds", "Time a new connection waited for the "
+            "supervisor's admission verdict", registry=metrics.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 2.5))
 
     @classmethod
     def from_fd(cls, fd: int, workers: int, metrics: ProxyMetrics) -> AdmissionControl:
@@ -96,12 +100,14 @@ class AdmissionControl:
         pending = self._pending[request] = _Pending(key, trio.Event())
         self._send(ADMIT.pack(OP_ADMIT, request, min(max_connections, U32_MAX),
                               min(max_per_source, U32_MAX)) + key)
+        started = trio.current_time()
         try:
             with trio.move_on_after(ANSWER_TIMEOUT):
                 await pending.done.wait()
         except BaseException:
             self._give_up(request, pending)
             raise
+        self.wait.observe(trio.current_time() - started)
         if pending.verdict is None:
             self._give_up(request, pending)
             return UNANSWERED

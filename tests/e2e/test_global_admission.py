@@ -111,72 +111,72 @@ async def worker_metric(supervisor: Supervisor, index: int, name: str) -> float:
 ])
 async def test_a_flood_over_two_workers_admits_at_most_the_limit(
         tansu: TansuBroker, tmp_path: Path, flag: str, limit: int, refused_as: str) -> None:
-    async with supervised(tansu, tmp_path, flag, str(limit)) as (sup, port):
-        async with trio.open_nursery() as nursery:
-            flood = Flood()
-            await flood.connect(nursery, port, 3 * limit)
-            await until(lambda: flood.closed >= 2 * limit, "the refused ones closed")
-            assert sup.hub.open == limit
-            admitted = [await worker_metric(sup, i, "kproxy_client_connections_admitted")
-                        for i in (0, 1)]
-            refused = [await worker_metric(sup, i, "kproxy_limit_hits_total")
-                       for i in (0, 1)]
-            assert sum(admitted) == limit and sum(refused) == 2 * limit
-            # The kernel gave both workers connections; the limit held over their sum.
-            assert all(a + r > 0 for a, r in zip(admitted, refused, strict=True)), (
-                admitted, refused)
-            rows = {r["limit"]: r for r in sup.limit_rows()}
-            assert rows[refused_as]["hits"] == 2 * limit
-            assert rows["max_connections"]["in_use"] == limit
-            _, _, merged = await http_get(sup.cfg.http[1], "/metrics")
-            assert b"kproxy_client_connections_admitted " + str(float(limit)).encode() \
-                in merged
-            assert flood.closed == 2 * limit  # no admitted one was closed
+    async with (supervised(tansu, tmp_path, flag, str(limit)) as (sup, port),
+                trio.open_nursery() as nursery):
+        flood = Flood()
+        await flood.connect(nursery, port, 3 * limit)
+        await until(lambda: flood.closed >= 2 * limit, "the refused ones closed")
+        assert sup.hub.open == limit
+        admitted = [await worker_metric(sup, i, "kproxy_client_connections_admitted")
+                    for i in (0, 1)]
+        refused = [await worker_metric(sup, i, "kproxy_limit_hits_total")
+                   for i in (0, 1)]
+        assert sum(admitted) == limit and sum(refused) == 2 * limit
+        # The kernel gave both workers connections; the limit held over their sum.
+        assert all(a + r > 0 for a, r in zip(admitted, refused, strict=True)), (
+            admitted, refused)
+        rows = {r["limit"]: r for r in sup.limit_rows()}
+        assert rows[refused_as]["hits"] == 2 * limit
+        assert rows["max_connections"]["in_use"] == limit
+        _, _, merged = await http_get(sup.cfg.http[1], "/metrics")
+        assert b"kproxy_client_connections_admitted " + str(float(limit)).encode() \
+            in merged
+        assert flood.closed == 2 * limit  # no admitted one was closed
 
-            flood.close_all()
-            await until(lambda: sup.hub.open == 0, "every count returned")
-            again = Flood()
-            await again.connect(nursery, port, limit)
-            await until(lambda: sup.hub.open == limit, "a new batch admitted")
-            assert again.closed == 0
-            again.close_all()
-            nursery.cancel_scope.cancel()
+        flood.close_all()
+        await until(lambda: sup.hub.open == 0, "every count returned")
+        again = Flood()
+        await again.connect(nursery, port, limit)
+        await until(lambda: sup.hub.open == limit, "a new batch admitted")
+        assert again.closed == 0
+        again.close_all()
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_worker_killed_with_sigkill_gives_its_counts_back(
         tansu: TansuBroker, tmp_path: Path) -> None:
     limit = 40
-    async with supervised(tansu, tmp_path, "--max-connections-per-source", str(limit)) as (
-            sup, port):
-        async with trio.open_nursery() as nursery:
-            flood = Flood()
-            await flood.connect(nursery, port, limit)
-            await until(lambda: sup.hub.open == limit, "the first batch admitted")
-            rows = sup.worker_rows()
-            victim = max(rows, key=lambda r: int(str(r["connections"])))
-            held = int(str(victim["connections"]))
-            assert held > 0 and victim["restarts"] == 0
-            os.kill(int(str(victim["pid"])), signal.SIGKILL)
+    async with (supervised(tansu, tmp_path, "--max-connections-per-source",
+                           str(limit)) as (sup, port),
+                trio.open_nursery() as nursery):
+        flood = Flood()
+        await flood.connect(nursery, port, limit)
+        await until(lambda: sup.hub.open == limit, "the first batch admitted")
+        rows = sup.worker_rows()
+        victim = max(rows, key=lambda r: int(str(r["connections"])))
+        held = int(str(victim["connections"]))
+        assert held > 0 and victim["restarts"] == 0
+        os.kill(int(str(victim["pid"])), signal.SIGKILL)
 
-            def restarted() -> bool:
-                row = sup.worker_rows()[int(str(victim["worker"]))]
-                return bool(row["alive"] and row["pid"] != victim["pid"])
-
-            await until(restarted, "the killed worker restarted", timeout=60)
+        def restarted() -> bool:
             row = sup.worker_rows()[int(str(victim["worker"]))]
-            assert row["restarts"] == 1 and row["given_back_at_last_exit"] == held
-            assert sup.hub.open == limit - held
-            await until(lambda: flood.closed == held, "the killed worker's clients closed")
-            await until(lambda: ready(sup.cfg.http[1]), "both workers ready again", 60)
-            # The room it held is free: a new batch up to the limit is admitted.
-            more = Flood()
-            await more.connect(nursery, port, held + 5)
-            await until(lambda: more.closed >= 5, "the ones over the limit refused")
-            assert sup.hub.open == limit and more.closed == 5
-            _, _, merged = await http_get(sup.cfg.http[1], "/metrics")
-            text = merged.decode()
-            assert "kproxy_worker_restarts_total 1" in text
-            assert f"kproxy_admission_given_back_total {float(held)!r}" in text
-            flood.close_all()
-            more.close_all()
-            nursery.cancel_scope.cancel()
+            return bool(row["alive"] and row["pid"] != victim["pid"])
+
+        await until(restarted, "the killed worker restarted", timeout=60)
+        row = sup.worker_rows()[int(str(victim["worker"]))]
+        assert row["restarts"] == 1 and row["given_back_at_last_exit"] == held
+        assert sup.hub.open == limit - held
+        await until(lambda: flood.closed == held, "the killed worker's clients closed")
+        await until(lambda: ready(sup.cfg.http[1]), "both workers ready again", 60)
+        # The room it held is free: a new batch up to the limit is admitted.
+        more = Flood()
+        await more.connect(nursery, port, held + 5)
+        await until(lambda: more.closed >= 5, "the ones over the limit refused")
+        assert sup.hub.open == limit and more.closed == 5
+        _, _, merged = await http_get(sup.cfg.http[1], "/metrics")
+        text = merged.decode()
+        assert "kproxy_worker_restarts_total 1" in text
+        assert f"kproxy_admission_given_back_total {float(held)!r}" in text
+        flood.close_all()
+        more.close_all()
+        nursery.cancel_scope.cancel()
