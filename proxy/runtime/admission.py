@@ -179,7 +179,8 @@ class Admission:
         if budget.connections < 1:
             log.error("the open-file limit leaves no room for client connections; raise it "
                       "(ulimit -n) or narrow --node-id-range", extra={"fields": fields})
-        elif budget.connections < cfg.max_connections:
+        elif budget.connections < cfg.max_connections and self.control is None:
+            # (A worker's own descriptors; over all workers the supervisor reports it.)
             log.warning("max_connections lowered to what the open-file limit holds (two "
                         "descriptors per proxied connection)", extra={"fields": fields})
         else:
