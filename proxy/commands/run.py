@@ -11,6 +11,8 @@ import trio
 from kproxy import logs
 from kproxy.config import settings as config_mod
 from kproxy.runtime import workers
+from kproxy.runtime.admission_control import AdmissionControl
+from kproxy.runtime.admission_hub import CONTROL_FD_FLAG, WORKER_COUNT_FLAG
 from kproxy.runtime.server import Proxy
 
 
@@ -22,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "variable; flags win over the environment, which wins over the file.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     config_mod.add_arguments(p)
+    # Set by the supervisor for its workers only: their end of the admission channel.
+    p.add_argument(CONTROL_FD_FLAG, type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument(WORKER_COUNT_FLAG, type=int, default=1, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -39,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     if count > 1:
         del proxy
         return workers.supervise(cfg, run_arguments(), count)
+    if args.control_fd is not None:
+        proxy.admission.control = AdmissionControl.from_fd(
+            args.control_fd, args.control_workers, proxy.metrics)
     settle_heap()
     try:
         trio.run(proxy.run)

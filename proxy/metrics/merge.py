@@ -21,7 +21,9 @@ from collections.abc import Iterable
 
 # Proxy gauges that are not a per-worker share.
 MAX_GAUGES = frozenset({"kproxy_topology_epoch", "kproxy_backend_brokers",
-                        "kproxy_broker_listeners", "kproxy_open_file_limit"})
+                        "kproxy_broker_listeners", "kproxy_open_file_limit",
+                        # the supervisor's global figure; each worker's own is never above it
+                        "kproxy_max_connections_effective"})
 MIN_GAUGES = frozenset({"kproxy_ready"})
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created", "_info")

@@ -20,6 +20,11 @@ handler owns the release from its first step: a session gives it back when it
 closes, which for a parked session is long after its task returned), and
 should EMFILE happen anyway (another process's descriptors, a budget set too
 tight) it is counted and waited out instead of logged as an error every 100 ms.
+
+Under a supervisor (``--workers N``) the two connection limits are global: after the
+local count (which still guards this worker's descriptors), the connection's task
+asks the supervisor for its verdict (``kproxy.runtime.admission_control``) before
+anything else is done for it. With one worker there is no channel and no cost.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from kproxy.config.settings import Config
 from kproxy.http.server import MAX_CONNECTIONS as HTTP_MAX_CONNECTIONS
 from kproxy.logs import RateLimitedLog
 from kproxy.metrics.proxy_metrics import ProxyMetrics
+from kproxy.runtime.admission_control import UNANSWERED, AdmissionControl
 from kproxy.runtime.listeners import peer_of
 from kproxy.session.splice import PIPE_FDS
 
@@ -137,6 +143,8 @@ class Admission:
         self.by_source: dict[str, int] = {}
         self.budget: FdBudget | None = None
         self._released = trio.Event()
+        # The supervisor's global count, when this process is one of several workers.
+        self.control: AdmissionControl | None = None
         r = metrics.registry
         Gauge("kproxy_client_connections_admitted", "Client connections counted against "
               "the connection limits now (TLS handshakes included)", registry=r,
@@ -172,7 +180,8 @@ class Admission:
         if budget.connections < 1:
             log.error("the open-file limit leaves no room for client connections; raise it "
                       "(ulimit -n) or narrow --node-id-range", extra={"fields": fields})
-        elif budget.connections < cfg.max_connections:
+        elif budget.connections < cfg.max_connections and self.control is None:
+            # (A worker's own descriptors; over all workers the supervisor reports it.)
             log.warning("max_connections lowered to what the open-file limit holds (two "
                         "descriptors per proxied connection)", extra={"fields": fields})
         else:
@@ -185,15 +194,21 @@ class Admission:
         """Count the connection in, or refuse it when a connection limit is reached."""
         cfg = self.config
         cap = self.max_connections
+        controlled = self.control is not None and self.budget is not None
+        if controlled and self.budget is not None:
+            # The two limits are the supervisor's, over every worker; what is left here
+            # is what this worker's descriptors hold (counting connections still
+            # waiting for a verdict, so a local limit here would refuse too early).
+            cap = self.budget.connections
         if self.open >= cap:
-            by_fds = cap < cfg.max_connections
+            by_fds = controlled or cap < cfg.max_connections
             self.refuse("fds" if by_fds else "max_connections", "max_connections",
                         "connection limit reached; new connection closed", (source, 0),
                         listener=listener, maximum=cap,
                         reason="open-file limit" if by_fds else "max_connections")
             return False
         held = self.by_source.get(source, 0)
-        if held >= cfg.max_connections_per_source:
+        if held >= cfg.max_connections_per_source and not controlled:
             self.refuse("max_connections_per_source", "max_connections_per_source",
                         "per-source connection limit reached; new connection closed",
                         (source, 0), listener=listener, maximum=cfg.max_connections_per_source)
@@ -203,6 +218,11 @@ class Admission:
         return True
 
     def release(self, source: str) -> None:
+        self._release_here(source)
+        if self.control is not None:
+            self.control.release(source)
+
+    def _release_here(self, source: str) -> None:
         self.open -= 1
         left = self.by_source.get(source, 1) - 1
         if left > 0:
@@ -251,7 +271,7 @@ class Admission:
                 nursery.start_soon(self._run, stream, peer, name, handler,
                                    name=Admission._run.__qualname__)
             except BaseException:  # a nursery closing under us: the count must not leak
-                self.release(peer[0])
+                self._release_here(peer[0])  # the supervisor was not asked yet
                 stream.socket.close()
                 raise
 
@@ -260,6 +280,17 @@ class Admission:
         # The handler owns the connection from its first step: it closes it and calls
         # ``release`` once, when the connection ends (for a parked session, long after
         # the handler returned).
+        if self.control is not None:
+            try:
+                admitted = await self._admit_globally(peer, name)
+            except BaseException:
+                self._release_here(peer[0])
+                stream.socket.close()
+                raise
+            if not admitted:
+                self._release_here(peer[0])
+                stream.socket.close()
+                return
         try:
             await handler(stream, peer, name)
         except Exception:  # a bug in one connection must not take the listener down
@@ -267,6 +298,35 @@ class Admission:
             log.exception("internal error serving a connection; closed",
                           extra={"fields": {"listener": name,
                                             "client": f"{peer[0]}:{peer[1]}"}})
+
+    async def _admit_globally(self, peer: tuple[str, int], name: str) -> bool:
+        """The supervisor's verdict on a connection counted here already; on no answer,
+        this worker's share of each limit decides."""
+        assert self.control is not None
+        cfg = self.config
+        verdict = await self.control.ask(peer[0], cfg.max_connections,
+                                         cfg.max_connections_per_source)
+        if verdict == "admitted":
+            return True
+        if verdict == UNANSWERED:
+            share = self.control.share(cfg.max_connections)
+            per_source = self.control.share(cfg.max_connections_per_source)
+            # The local counts include this connection already.
+            if self.open <= share and self.by_source.get(peer[0], 0) <= per_source:
+                self.control.admitted_alone(peer[0])
+                return True
+            verdict = ("max_connections" if self.open > share
+                       else "max_connections_per_source")
+        if verdict == "max_connections":
+            self.refuse("max_connections", "max_connections", "connection limit reached "
+                        "(all workers); new connection closed", peer, listener=name,
+                        maximum=cfg.max_connections)
+        else:
+            self.refuse("max_connections_per_source", "max_connections_per_source",
+                        "per-source connection limit reached (all workers); new "
+                        "connection closed", (peer[0], 0), listener=name,
+                        maximum=cfg.max_connections_per_source)
+        return False
 
     async def _out_of_descriptors(self, exc: OSError, name: str) -> None:
         """EMFILE despite the budget: count it, say so once in a while, wait for a close."""

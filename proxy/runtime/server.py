@@ -153,6 +153,9 @@ class Proxy:
                 # Before the first listener opens: a SIGTERM while start-up is still
                 # discovering the backend drains, where it used to kill the process.
                 services.start_soon(lifecycle.handle_signals, self)
+            if self.admission.control is not None and self.admission.budget is not None:
+                services.start_soon(self.admission.control.run,
+                                    self.admission.budget.connections)
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
                 sessions.start_soon(self.parking.run, sessions)

@@ -36,6 +36,7 @@ from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
 from kproxy.metrics.merge import merge_expositions
+from kproxy.runtime.admission_hub import AdmissionHub, channel_pair, worker_flags
 
 log = logging.getLogger("kproxy.workers")
 RESTART_PAUSE = 1.0  # first pause before restarting a worker that died
@@ -82,6 +83,12 @@ class Supervisor:
         self.exit_code = 0
         self._stop = trio.Event()
         self._limiter = trio.CapacityLimiter(max(4, count))
+        # The one count of open connections across workers (kproxy.runtime.admission_hub).
+        self.hub = AdmissionHub(cfg.max_connections, cfg.max_connections_per_source)
+
+    def stop(self) -> None:
+        """As SIGTERM does: every worker drains, then ``run`` returns."""
+        self._stop.set()
 
     def command(self, worker: Worker) -> list[str]:
         # Later flags win: every worker is one process, on shared ports, its own HTTP.
@@ -110,8 +117,12 @@ class Supervisor:
         pause = RESTART_PAUSE
         while not self.stopping:
             worker.started = time.monotonic()
-            worker.process = await trio.lowlevel.open_process(self.command(worker))
-            code = await worker.process.wait()
+            mine, theirs = channel_pair()  # the worker's admission channel
+            with theirs:
+                worker.process = await trio.lowlevel.open_process(
+                    [*self.command(worker), *worker_flags(theirs.fileno(), len(self.workers))],
+                    pass_fds=(theirs.fileno(),))
+            code = await self.hub.attend(worker.index, worker.process, mine)
             if self.stopping:
                 return
             if (code in START_ERRORS and not worker.restarts
@@ -158,6 +169,16 @@ class Supervisor:
             log.warning("worker did not drain in time; killed", extra={"fields": {
                 "pid": proc.pid}})
             proc.kill()
+
+    def worker_rows(self) -> list[dict[str, object]]:
+        """Per worker: pid, alive, restarts, connections it holds, counts given back."""
+        return self.hub.worker_rows([
+            (w.index, w.process.pid if w.process else None, w.restarts,
+             w.process is not None and w.process.returncode is None) for w in self.workers])
+
+    def limit_rows(self) -> list[dict[str, object]]:
+        """The global connection limits: value, use now, refusals (status "limits" rows)."""
+        return self.hub.limit_rows()
 
     # ------------------------------------------------------------------ http
 
@@ -237,7 +258,7 @@ class Supervisor:
                 f"kproxy_workers_scraped {scraped}\n"
                 "# HELP kproxy_worker_restarts Workers restarted after they exited\n"
                 "# TYPE kproxy_worker_restarts counter\n"
-                f"kproxy_worker_restarts_total {restarts}\n")
+                f"kproxy_worker_restarts_total {restarts}\n" + self.hub.exposition())
 
 
 def supervise(cfg: Config, run_argv: list[str], count: int) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import admission_row
 import rebootstrap_row
 import relay_ab
 import telemetry_ab
@@ -108,6 +109,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
               "the largest count measurable here.", ""]
     lines += telemetry_ab.section(tel_ab, sections.get("telemetry"))
     lines += workers_row.section(sections.get("workers"))
+    lines += admission_row.section(sections.get("admission"))
     lines += relay_ab.section(sections.get("relay_ab"))
     lines += scrape_section(sections.get("scrape") or [])
     lines += rebootstrap_row.section(sections.get("rebootstrap"))

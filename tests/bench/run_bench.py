@@ -27,6 +27,7 @@ from tests.support import broker_port_base  # noqa: E402
 from tests.support import stop_process as stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+import admission_row  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
 import telemetry_ab  # noqa: E402
@@ -55,7 +56,7 @@ def main() -> int:
     parser.add_argument("--only-scrape", action="store_true",
                         help="run only the /metrics scrape workload; its rows replace "
                         "those in --json and the report is rewritten from it")
-    parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab"],
+    parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
@@ -199,7 +200,9 @@ def main() -> int:
     # Each of these starts its own brokers and proxies.
     sections = {"scrape": scrapes, "telemetry_ab": measure_telemetry(args, work),
                 "workers": measure_workers(args, work, reps, n1k),
-                "relay_ab": measure_relay(args, work, reps)}
+                "relay_ab": measure_relay(args, work, reps),
+                "admission": admission_row.measure(work, 1 if smoke else reps,
+                                                   20 if smoke else 300)}
     # The smoke run swaps once with one client: the code path, not a figure.
     sections["rebootstrap"] = (
         rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
@@ -237,7 +240,8 @@ def report_from_json(args: argparse.Namespace) -> int:
     data = json.loads(Path(args.from_json).read_text())
     meta = data.pop("_meta")
     sections = {key: data.pop(key) for key in
-                ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers", "relay_ab")
+                ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers", "relay_ab",
+                 "admission")
                 if key in data}
     alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
     if sections.get("rebootstrap") is None and alone.exists():  # --only rebootstrap
@@ -262,6 +266,11 @@ def only(args: argparse.Namespace) -> int:
         data = measure_relay(args, work, 1 if args.smoke else args.reps)
         lines, heading = relay_ab.section(data), relay_ab.HEADING
         save_section(Path(args.json), "relay_ab", data)
+    elif args.only == "admission":
+        data = admission_row.measure(work, 1 if args.smoke else args.reps,
+                                     20 if args.smoke else 300)
+        lines, heading = admission_row.section(data), admission_row.HEADING
+        save_section(Path(args.json), "admission", data)
     else:
         data = measure_workers(args, work, 1 if args.smoke else args.reps,
                                2000 if args.smoke else 250_000)

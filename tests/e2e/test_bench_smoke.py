@@ -29,7 +29,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## Telemetry termination", "## kproxy workers: --workers 1 against "
                     "--workers 2", "## Rebootstrap", "## Ratios to compare across machines",
                     "## Targets", "## Scaling",
-                    "## Relay against the last commit before the sans-IO core"):
+                    "## Relay against the last commit before the sans-IO core",
+                    "## Admission across workers"):
         assert section in text
     # Issue 19's targets, each with a verdict (a smoke run's figures decide nothing, but
     # every one is measured: no "-").
