@@ -25,17 +25,15 @@ from kproxy.codecs import api_keys, compression
 from kproxy.codecs.messages import decode_response
 
 from .otlp_samples import librdkafka_like_payload
-from .support import RawClient, encode_request, kproxy_process
+from .support import RawClient, encode_request, kproxy_process, rss_kib
 
 BATCH = 25
 PUSH = compression.compress(4, librdkafka_like_payload(points=1))
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+def rss_mib(pids: int | list[int]) -> float:
+    """Resident memory of one process, or of several together (a proxy's workers)."""
+    return sum(rss_kib(pid) for pid in ([pids] if isinstance(pids, int) else pids)) / 1024
 
 
 def client_id(conn: int, i: int, size: int) -> str:
@@ -89,7 +87,7 @@ async def flood(port: int, ids: int, size: int, connections: int = 4) -> int:
     return done
 
 
-def settle(pid: int, timeout: float = 10.0) -> float:
+def settle(pid: int | list[int], timeout: float = 10.0) -> float:
     """RSS once it stops moving (two readings 0.2 s apart within 1 MiB), or at timeout."""
     deadline = time.monotonic() + timeout
     last = rss_mib(pid)

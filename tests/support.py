@@ -182,6 +182,37 @@ class KproxyProcess:
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
+    def worker_pids(self) -> list[int]:
+        """The processes that hold client connections: the supervisor's workers, or the
+        process itself when it runs as one (``--workers 1``)."""
+        return worker_pids(self.process.pid) or [self.process.pid]
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    """The child processes of ``supervisor`` (its workers), from /proc."""
+    try:
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text()
+    except OSError:
+        return []
+    return [int(pid) for pid in children.split()]
+
+
+def metric_value(text: str, sample: str) -> float:
+    """The value of the exposition line for ``sample`` (name and labels), 0 when absent."""
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == sample:
+            return float(value)
+    return 0.0
+
+
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """A process's resident memory (``VmRSS``) or its peak (``VmHWM``), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for pid {pid}")
+
 
 @contextmanager
 def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
@@ -189,8 +220,10 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
                    preexec: Callable[[], None] | None = None) -> Iterator[KproxyProcess]:
     bootstrap, http, base = free_port(), free_port(), broker_port_base()
     log_path = tmp_path / f"kproxy-{bootstrap}.log"
-    # One process unless a test asks for workers (--workers N after, which wins).
-    cmd = [sys.executable, "-m", "kproxy.cli", "run", "--workers", "1",
+    # What users run: `kproxy run` with its default worker count (one worker per usable
+    # CPU: 2 on the 2-core machines CI runs on). A test that needs one process passes
+    # "--workers", "1" in ``extra`` (later flags win) and says why.
+    cmd = [sys.executable, "-m", "kproxy.cli", "run",
            *(["--upstream", upstream] if upstream else []),
            "--listen", f"127.0.0.1:{bootstrap}", "--http", f"127.0.0.1:{http}",
            "--broker-port-base", str(base), "--node-id-range", node_id_range,
@@ -221,17 +254,18 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def direct_connections(pid: int, port: int) -> int:
-    """TCP connections that process ``pid`` holds to ``port`` on loopback (from /proc)."""
+def direct_connections(pids: int | list[int], port: int) -> int:
+    """TCP connections that the processes ``pids`` hold to ``port`` on loopback (from
+    /proc)."""
     inodes = set()
-    fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in fd_dir.iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    for pid in [pids] if isinstance(pids, int) else pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
     count = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:

@@ -7,7 +7,9 @@ name and labels are combined by what they mean:
 - the proxy's counters, histograms and additive gauges (connections, bytes held,
   limits, series counts): summed — each worker counts its own share;
 - gauges that describe the one backend or a state all workers share (topology epoch,
-  brokers known, listeners): the highest; readiness: the lowest;
+  brokers known, listeners), and counters of an event each worker sees for itself
+  (topology changes, reloads): the highest; readiness: the lowest; ``_created``: the
+  earliest;
 - client telemetry (every family not named ``kproxy_*``): a client's series live in
   the worker that holds its connection, and in two workers only after it reconnected
   to another one; clients push cumulative values by default, so the highest is the
@@ -25,6 +27,9 @@ MAX_GAUGES = frozenset({"kproxy_topology_epoch", "kproxy_backend_brokers",
                         # the supervisor's global figure; each worker's own is never above it
                         "kproxy_max_connections_effective"})
 MIN_GAUGES = frozenset({"kproxy_ready"})
+# Counters of one event every worker sees for itself (a backend change, a reload on
+# SIGHUP): the proxy saw it once, so the highest count, as one process would show.
+SHARED_EVENT_COUNTERS = frozenset({"kproxy_topology_changes", "kproxy_config_reloads"})
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created", "_info")
 
@@ -39,10 +44,12 @@ def _family(sample: str, types: dict[str, str]) -> str:
     return sample
 
 
-def _combine(family: str, kind: str, values: list[float]) -> float:
+def _combine(family: str, sample: str, values: list[float]) -> float:
+    if sample.endswith("_created"):
+        return min(values)  # when the first worker's series began
     if not family.startswith("kproxy_"):
         return max(values)  # client telemetry: the newest cumulative value
-    if family in MAX_GAUGES:
+    if family in MAX_GAUGES or family in SHARED_EVENT_COUNTERS:
         return max(values)
     if family in MIN_GAUGES:
         return min(values)
@@ -86,9 +93,8 @@ def merge_expositions(texts: Iterable[str]) -> str:
             out.append(f"# HELP {family} {help_[family]}")
         if family in types:
             out.append(f"# TYPE {family} {types[family]}")
-        kind = types.get(family, "untyped")
         for (sample, labels), values in series[family].items():
-            out.append(f"{sample}{labels} {_format(_combine(family, kind, values))}")
+            out.append(f"{sample}{labels} {_format(_combine(family, sample, values))}")
     return "\n".join(out) + "\n"
 
 

@@ -227,9 +227,9 @@ def test_flood_past_the_fd_budget_is_refused_at_accept(tmp_path: Path,
                     if ln.startswith('kproxy_limit_hits_total{limit="fds"}')]
             assert hits and float(hits[0].rsplit(" ", 1)[1]) == len(flood) - answered
             # Never half-opened: one upstream connection per admitted client, no more.
-            upstream = direct_connections(kp.process.pid, tansu.port)
+            upstream = direct_connections(kp.worker_pids(), tansu.port)
             assert upstream <= effective + 2  # + discovery, which may be connected now
-            assert len(os.listdir(f"/proc/{kp.process.pid}/fd")) < FD_LIMIT
+            assert all(len(os.listdir(f"/proc/{pid}/fd")) < FD_LIMIT for pid in kp.worker_pids())
         finally:
             for s in flood:
                 s.close()

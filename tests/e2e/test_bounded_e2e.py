@@ -19,18 +19,9 @@ from confluent_kafka import KafkaError, Message, Producer
 from kproxy.embedded_broker import TansuBroker
 
 from ..client_id_flood import flood, settle
-from ..support import kproxy_process
+from ..support import kproxy_process, metric_value
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def metric_value(text: str, sample: str) -> float:
-    """The value of the exposition line for ``sample`` (name and labels), 0 when absent."""
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == sample:
-            return float(value)
-    return 0.0
 
 
 def test_a_flood_of_distinct_long_client_ids_retains_bounded_memory(
@@ -42,7 +33,7 @@ def test_a_flood_of_distinct_long_client_ids_retains_bounded_memory(
     """
     ids, size = 2_000, 30_000
     with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
-        pid = kp.process.pid
+        pid = kp.worker_pids()  # every worker's RSS, added up
         # Warm-up with short ids: imports, caches and allocator arenas in place.
         assert trio.run(flood, kp.bootstrap_port, 500, 16) == 500
         before = settle(pid)

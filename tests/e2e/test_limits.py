@@ -177,12 +177,12 @@ def test_stalled_connections_cost_no_broker_connection(tansu: TansuBroker,
                     kp.http_get("/metrics")[1]):
                 assert time.monotonic() < deadline, "the proxy did not take the connections"
                 time.sleep(0.1)
-            assert direct_connections(kp.process.pid, tansu.port) == 0
+            assert direct_connections(kp.worker_pids(), tansu.port) == 0
             with socket.create_connection(("127.0.0.1", kp.bootstrap_port)) as live:
                 live.sendall(encode_request(api_keys.API_VERSIONS, 3, 1, API_VERSIONS_V3))
                 live.settimeout(30)
                 assert len(live.recv(65536)) > 8  # answered through the broker
-                assert direct_connections(kp.process.pid, tansu.port) == 1
+                assert direct_connections(kp.worker_pids(), tansu.port) == 1
         finally:
             for s in stalled:
                 s.close()
