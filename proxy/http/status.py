@@ -142,6 +142,9 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
             "ready_reason": why,
             "bootstrap": f"{cfg.listen[0]}:{proxy.bootstrap_port or cfg.listen[1]}",
             "advertised_host": cfg.advertised_host,
+            # Reloads applied since start: equal on every worker once a SIGHUP reached all.
+            "config_generation": int(_counter_values(
+                proxy.metrics.config_reloads).get("applied", 0)),
         },
         "backend": _backend(proxy),
         "clients": _clients(list(proxy.sessions), memory),
