@@ -19,7 +19,6 @@ subscription and the instance id, so any worker answers a client the same way.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import math
 import os
@@ -35,7 +34,7 @@ import trio
 from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
-from kproxy.metrics.merge import merge_expositions
+from kproxy.runtime import supervisor_http
 
 log = logging.getLogger("kproxy.workers")
 RESTART_PAUSE = 1.0  # first pause before restarting a worker that died
@@ -201,18 +200,7 @@ class Supervisor:
                                 f"{ready}/{len(answers)} workers ready\n{lines}".encode())
 
         async def metrics(req: HttpRequest) -> HttpResponse:
-            answers = await self._ask_all("/metrics")
-            texts = [body.decode("utf-8", "replace") for status, body in answers
-                     if status == 200]
-            own = self._own_metrics(scraped=len(texts))
-            body = await trio.to_thread.run_sync(
-                lambda: merge_expositions([*texts, own]).encode())
-            headers = []
-            if "gzip" in req.headers.get("accept-encoding", ""):
-                body = await trio.to_thread.run_sync(gzip.compress, body)
-                headers.append(("content-encoding", "gzip"))
-            return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8",
-                                headers)
+            return await supervisor_http.metrics(self, req)
 
         async def rebootstrap(req: HttpRequest) -> HttpResponse:
             if req.method != "POST":
@@ -222,22 +210,7 @@ class Supervisor:
             return HttpResponse(status, b"".join(body for _, body in answers))
 
         return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
-                "/admin/rebootstrap": rebootstrap}
-
-    def _own_metrics(self, scraped: int) -> str:
-        restarts = sum(w.restarts for w in self.workers)
-        return ("# HELP kproxy_workers Worker processes configured\n"
-                "# TYPE kproxy_workers gauge\n"
-                f"kproxy_workers {len(self.workers)}\n"
-                "# HELP kproxy_workers_alive Worker processes running now\n"
-                "# TYPE kproxy_workers_alive gauge\n"
-                f"kproxy_workers_alive {len(self._live())}\n"
-                "# HELP kproxy_workers_scraped Workers whose /metrics are in this scrape\n"
-                "# TYPE kproxy_workers_scraped gauge\n"
-                f"kproxy_workers_scraped {scraped}\n"
-                "# HELP kproxy_worker_restarts Workers restarted after they exited\n"
-                "# TYPE kproxy_worker_restarts counter\n"
-                f"kproxy_worker_restarts_total {restarts}\n")
+                "/admin/rebootstrap": rebootstrap, **supervisor_http.status_routes(self)}
 
 
 def supervise(cfg: Config, run_argv: list[str], count: int) -> int:
