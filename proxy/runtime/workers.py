@@ -5,10 +5,14 @@ One kproxy process uses one core. The supervisor starts N workers — each a pla
 its own on loopback — so the kernel spreads client connections over them
 (SO_REUSEPORT). It restarts a worker that dies (with a growing pause if it keeps
 dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT asks
-every worker to drain and waits for them. It serves the configured HTTP address
-itself: ``/metrics`` is every worker's exposition combined into one
-(``kproxy.metrics.merge``), ``/readyz`` is ready while any worker is ready (a dead
-worker's listener is closed, so no connection reaches it), and
+every worker to drain and waits for them; a second SIGTERM/SIGINT kills them (stop
+now). Workers run in their own session (``kproxy.runtime.worker_link``), so a signal
+to the supervisor's process group reaches them once, through the supervisor. It
+serves the configured HTTP address itself: ``/metrics`` is every worker's exposition
+combined into one (``kproxy.metrics.merge``), ``/`` and ``/status.json`` every
+worker's status merged (``kproxy.runtime.supervisor_http``), ``/readyz`` is ready
+while any worker is ready (a dead worker's listener is closed, so no connection
+reaches it), and
 ``/admin/rebootstrap`` is passed to every worker.
 
 Nothing is shared between workers but the ports: a client connection and its
@@ -34,7 +38,7 @@ import trio
 from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
-from kproxy.runtime import supervisor_http
+from kproxy.runtime import supervisor_http, worker_link
 
 log = logging.getLogger("kproxy.workers")
 RESTART_PAUSE = 1.0  # first pause before restarting a worker that died
@@ -96,10 +100,8 @@ class Supervisor:
             nursery.start_soon(trio.serve_listeners, HttpServer(self.routes()).handle, http)
             for worker in self.workers:
                 nursery.start_soon(self._keep_running, worker)
-            async with trio.open_nursery() as waiting:
-                waiting.start_soon(self._signals)
-                await self._stop.wait()
-                waiting.cancel_scope.cancel()
+            nursery.start_soon(self._signals)
+            await self._stop.wait()
             await self._stop_all()
             nursery.cancel_scope.cancel()
         log.info("workers stopped")
@@ -109,7 +111,8 @@ class Supervisor:
         pause = RESTART_PAUSE
         while not self.stopping:
             worker.started = time.monotonic()
-            worker.process = await trio.lowlevel.open_process(self.command(worker))
+            worker.process = await trio.lowlevel.open_process(
+                self.command(worker), start_new_session=True, env=worker_link.worker_env())
             code = await worker.process.wait()
             if self.stopping:
                 return
@@ -142,8 +145,13 @@ class Supervisor:
                     for proc in self._live():
                         proc.send_signal(signal.SIGHUP)
                     continue
-                self._stop.set()
-                return
+                if not self._stop.is_set():
+                    self._stop.set()  # drain: workers are in their own session (worker_link)
+                    continue
+                log.warning("second %s: stopping now", signal.Signals(signum).name)
+                self.exit_code = 1
+                for proc in self._live():
+                    proc.kill()
 
     async def _stop_all(self) -> None:
         """Every worker drains (SIGTERM); one still running after the drain time is killed."""
