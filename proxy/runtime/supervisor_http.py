@@ -29,7 +29,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.http.status_merge import WorkerInfo, merge
 from kproxy.http.status_page import render
-from kproxy.metrics.exposition import GZIP_LEVEL
+from kproxy.metrics.exposition import GZIP_LEVEL, _collector_paused
 from kproxy.metrics.merge import merge_expositions
 
 if TYPE_CHECKING:
@@ -162,8 +162,12 @@ async def metrics(sup: Supervisor, req: HttpRequest) -> HttpResponse:
     own = own_metrics(sup, len(texts), open_metrics)
 
     def produce() -> bytes:
-        body = merge_expositions([*texts, own]) + (_EOF if open_metrics else "")
-        return body.encode()
+        # No cyclic collection while the merge builds a dict entry per series: at
+        # 250,000 series the young-generation passes over those containers took
+        # about a third of the merge's time. Nothing else runs here to need them.
+        with _collector_paused():
+            body = merge_expositions([*texts, own]) + (_EOF if open_metrics else "")
+            return body.encode()
 
     body = await trio.to_thread.run_sync(produce)
     headers = []
