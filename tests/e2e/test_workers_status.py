@@ -228,3 +228,24 @@ def test_workers_drain_when_the_supervisor_is_killed(backend: TansuBroker,
         wait_for(lambda: all(gone(pid) for pid in workers), 60, "a worker outlived it")
         log = kp.log()
         assert log.count("the supervisor is gone") == 2 and log.count("kproxy stopped") == 2
+
+
+def test_a_second_signal_from_the_operator_stops_at_once(backend: TansuBroker,
+                                                         tmp_path: Path) -> None:
+    """A drain that cannot end (a worker stopped with SIGSTOP never drains): the
+    operator's second SIGTERM kills the workers and the supervisor exits 1."""
+    with kproxy_process(backend.bootstrap, tmp_path, "--workers", "2") as kp:
+        stuck, other = [r["pid"] for r in both_ready(kp)]
+        os.kill(stuck, signal.SIGSTOP)
+        try:
+            kp.signal(signal.SIGTERM)
+            # The first one was taken: the other worker drained and stopped.
+            wait_for(lambda: "kproxy stopped" in kp.log(), 60, "no worker drained")
+            assert kp.process.poll() is None  # still waiting for the stuck one
+            kp.signal(signal.SIGTERM)
+            assert kp.process.wait(30) == 1
+            assert "stopping now" in kp.log()
+            wait_for(lambda: gone(stuck) and gone(other), 10, "a worker survived")
+        finally:
+            if not gone(stuck):  # never leave a stopped process behind
+                os.kill(stuck, signal.SIGKILL)
