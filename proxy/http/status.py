@@ -11,6 +11,7 @@ says of itself in request headers and ApiVersions, cut to ``MAX_TEXT`` character
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.parse
 import weakref
@@ -135,6 +136,8 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
     cfg = proxy.config
     ready, why = proxy.ready()
     memory = _memory.get(proxy) or _Memory()
+    generation = int(_counter_values(proxy.metrics.config_reloads).get("applied", 0))
+    clients = _clients(list(proxy.sessions), memory)
     return {
         "generated_at": round(time.time(), 3),
         "proxy": {
@@ -142,11 +145,17 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
             "ready_reason": why,
             "bootstrap": f"{cfg.listen[0]}:{proxy.bootstrap_port or cfg.listen[1]}",
             "advertised_host": cfg.advertised_host,
+            # Reloads applied since start: equal on every worker once a SIGHUP reached all.
+            "config_generation": generation,
         },
         "backend": _backend(proxy),
-        "clients": _clients(list(proxy.sessions), memory),
+        "clients": clients,
         "telemetry": _telemetry(proxy),
         "limits": _limits(proxy),
+        # One process: its own line (with --workers N the supervisor lists every worker).
+        "workers": [{"index": 0, "pid": os.getpid(), "http_port": proxy.http_port,
+                     "alive": True, "restarts": 0, "answered": True, "ready": ready,
+                     "connections": clients["connections"], "config_generation": generation}],
     }
 
 

@@ -166,6 +166,23 @@ def _telemetry(t: dict[str, Any]) -> str:
     return "<h2>Telemetry</h2><p>" + "<br>".join(parts) + "</p>"
 
 
+def _workers(rows: list[dict[str, Any]] | None) -> str:
+    """One line per worker process (a snapshot merged by the supervisor only)."""
+    if rows is None:
+        return ""
+    out = []
+    for w in rows:
+        state = ('<span class="yes">ready</span>' if w["ready"] else
+                 '<span class="no">not answering</span>' if not w["answered"] else
+                 '<span class="no">not ready</span>') if w["alive"] else (
+                 '<span class="no">not running</span>')
+        out.append([_td(e(w["index"]), True), _td(e(w["pid"]), True), _td(state),
+                    _td(e(w["connections"]), True), _td(e(w["restarts"]), True),
+                    _td(e(w["config_generation"]), True)])
+    return "<h2>Workers</h2>" + _table(["worker", "pid", "state", "connections", "restarts",
+                                        "config generation"], out)
+
+
 def render(snap: dict[str, Any]) -> str:
     now = snap["generated_at"]
     p = snap["proxy"]
@@ -182,4 +199,5 @@ def render(snap: dict[str, Any]) -> str:
         f"<code>{e(p['advertised_host'])}</code> &middot; {e(stamp)} &middot; "
         f'<a href="/status.json">status.json</a> &middot; <a href="/metrics">metrics</a></p>'
         + _backend(snap["backend"], now) + _clients(snap["clients"], now)
-        + _limits(snap["limits"]) + _telemetry(snap["telemetry"]) + "</body></html>\n")
+        + _limits(snap["limits"]) + _telemetry(snap["telemetry"])
+        + _workers(snap.get("workers")) + "</body></html>\n")

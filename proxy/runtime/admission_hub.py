@@ -27,10 +27,12 @@ from __future__ import annotations
 import logging
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 log = logging.getLogger("kproxy.workers")
 
@@ -194,25 +196,22 @@ class AdmissionHub:
                          "given_back_total": history.given_back_total})
         return rows
 
-    def exposition(self) -> str:
+    def families(self) -> Iterator[Metric]:
         """The supervisor's own admission families, for its merged /metrics.
 
         ``kproxy_max_connections_effective`` is merged by the highest value: every
         worker's own figure (its descriptors alone) is at most this global one."""
         given_back = sum(h.given_back_total for h in self.history.values())
-        return ("# HELP kproxy_max_connections_effective Client connections admitted at "
-                "most: max_connections, or fewer when the open-file limit cannot hold that "
-                "many (two descriptors per proxied connection)\n"
-                "# TYPE kproxy_max_connections_effective gauge\n"
-                f"kproxy_max_connections_effective {float(self.effective_max())!r}\n"
-                "# HELP kproxy_admission_global_connections Client connections the "
-                "supervisor counts open in all workers\n"
-                "# TYPE kproxy_admission_global_connections gauge\n"
-                f"kproxy_admission_global_connections {float(self.open)!r}\n"
-                "# HELP kproxy_admission_given_back Connection counts given back when a "
-                "worker process ended\n"
-                "# TYPE kproxy_admission_given_back counter\n"
-                f"kproxy_admission_given_back_total {float(given_back)!r}\n")
+        yield GaugeMetricFamily(
+            "kproxy_max_connections_effective", "Client connections admitted at most: "
+            "max_connections, or fewer when the open-file limit cannot hold that many (two "
+            "descriptors per proxied connection)", value=self.effective_max())
+        yield GaugeMetricFamily(
+            "kproxy_admission_global_connections", "Client connections the supervisor "
+            "counts open in all workers", value=self.open)
+        yield CounterMetricFamily(
+            "kproxy_admission_given_back", "Connection counts given back when a worker "
+            "process ended", value=given_back)
 
     # ------------------------------------------------------------------ channels
 

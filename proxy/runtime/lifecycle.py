@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from kproxy.config.settings import RESTART_ONLY, Config, ConfigError, option_value
+from kproxy.runtime import worker_link
 from kproxy.runtime.tls import server_context, upstream_context
 
 if TYPE_CHECKING:
@@ -24,15 +25,27 @@ log = logging.getLogger("kproxy")
 
 
 async def handle_signals(proxy: Proxy) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for signum in signals:
-            log.info("received %s", signal.Signals(signum).name)
-            if signum == signal.SIGHUP:
-                await proxy.started.wait()  # a reload needs what start-up opens
-                await reload(proxy)
-                continue
-            proxy.shutdown()
-            return
+    supervisor = worker_link.supervisor_pid()
+    async with trio.open_nursery() as nursery:
+        if supervisor is not None:
+            nursery.start_soon(worker_link.watch_supervisor, supervisor, proxy.shutdown)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT,
+                                       signal.SIGHUP) as signals:
+            stopping = False
+            async for signum in signals:
+                log.info("received %s", signal.Signals(signum).name)
+                if signum == signal.SIGHUP:
+                    await proxy.started.wait()  # a reload needs what start-up opens
+                    await reload(proxy)
+                    continue
+                if stopping:  # a worker: an echo of the stop it is draining for
+                    log.info("already draining; the supervisor decides when to stop now")
+                    continue
+                proxy.shutdown()
+                if supervisor is None:  # one process: a second signal stops it now
+                    nursery.cancel_scope.cancel()
+                    return
+                stopping = True
 
 
 async def watch_config(proxy: Proxy, path: str) -> None:

@@ -5,10 +5,14 @@ One kproxy process uses one core. The supervisor starts N workers — each a pla
 its own on loopback — so the kernel spreads client connections over them
 (SO_REUSEPORT). It restarts a worker that dies (with a growing pause if it keeps
 dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT asks
-every worker to drain and waits for them. It serves the configured HTTP address
-itself: ``/metrics`` is every worker's exposition combined into one
-(``kproxy.metrics.merge``), ``/readyz`` is ready while any worker is ready (a dead
-worker's listener is closed, so no connection reaches it), and
+every worker to drain and waits for them; a second SIGTERM/SIGINT kills them (stop
+now). Workers run in their own session (``kproxy.runtime.worker_link``), so a signal
+to the supervisor's process group reaches them once, through the supervisor. It
+serves the configured HTTP address itself: ``/metrics`` is every worker's exposition
+combined into one (``kproxy.metrics.merge``), ``/`` and ``/status.json`` every
+worker's status merged (``kproxy.runtime.supervisor_http``), ``/readyz`` is ready
+while any worker is ready (a dead worker's listener is closed, so no connection
+reaches it), and
 ``/admin/rebootstrap`` is passed to every worker.
 
 Nothing is shared between workers but the ports: a client connection and its
@@ -19,15 +23,12 @@ subscription and the instance id, so any worker answers a client the same way.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import math
 import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 import trio
@@ -35,7 +36,7 @@ import trio
 from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
-from kproxy.metrics.merge import merge_expositions
+from kproxy.runtime import supervisor_http, worker_link
 from kproxy.runtime.admission_hub import AdmissionHub, channel_pair, worker_flags
 
 log = logging.getLogger("kproxy.workers")
@@ -104,10 +105,8 @@ class Supervisor:
             nursery.start_soon(trio.serve_listeners, HttpServer(self.routes()).handle, http)
             for worker in self.workers:
                 nursery.start_soon(self._keep_running, worker)
-            async with trio.open_nursery() as waiting:
-                waiting.start_soon(self._signals)
-                await self._stop.wait()
-                waiting.cancel_scope.cancel()
+            nursery.start_soon(self._signals)
+            await self._stop.wait()
             await self._stop_all()
             nursery.cancel_scope.cancel()
         log.info("workers stopped")
@@ -121,7 +120,8 @@ class Supervisor:
             with theirs:
                 worker.process = await trio.lowlevel.open_process(
                     [*self.command(worker), *worker_flags(theirs.fileno(), len(self.workers))],
-                    pass_fds=(theirs.fileno(),))
+                    pass_fds=(theirs.fileno(),), start_new_session=True,
+                    env=worker_link.worker_env())
             code = await self.hub.attend(worker.index, worker.process, mine)
             if self.stopping:
                 return
@@ -154,8 +154,13 @@ class Supervisor:
                     for proc in self._live():
                         proc.send_signal(signal.SIGHUP)
                     continue
-                self._stop.set()
-                return
+                if not self._stop.is_set():
+                    self._stop.set()  # drain: workers are in their own session (worker_link)
+                    continue
+                log.warning("second %s: stopping now", signal.Signals(signum).name)
+                self.exit_code = 1
+                for proc in self._live():
+                    proc.kill()
 
     async def _stop_all(self) -> None:
         """Every worker drains (SIGTERM); one still running after the drain time is killed."""
@@ -182,31 +187,6 @@ class Supervisor:
 
     # ------------------------------------------------------------------ http
 
-    async def _ask(self, worker: Worker, path: str, method: str = "GET") -> tuple[int, bytes]:
-        def fetch() -> tuple[int, bytes]:
-            req = urllib.request.Request(f"http://127.0.0.1:{worker.http_port}{path}",
-                                         method=method, data=b"" if method == "POST" else None)
-            try:
-                with urllib.request.urlopen(req, timeout=SCRAPE_TIMEOUT) as resp:
-                    return resp.status, resp.read()
-            except urllib.error.HTTPError as exc:
-                return exc.code, exc.read()
-            except OSError as exc:
-                return 0, str(exc).encode()
-
-        return await trio.to_thread.run_sync(fetch, limiter=self._limiter)
-
-    async def _ask_all(self, path: str, method: str = "GET") -> list[tuple[int, bytes]]:
-        answers: list[tuple[int, bytes]] = [(0, b"")] * len(self.workers)
-
-        async def one(i: int) -> None:
-            answers[i] = await self._ask(self.workers[i], path, method)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(self.workers)):
-                nursery.start_soon(one, i)
-        return answers
-
     def routes(self) -> dict[str, Handler]:
         async def healthz(req: HttpRequest) -> HttpResponse:
             alive = len(self._live())
@@ -214,7 +194,7 @@ class Supervisor:
                                 f"{alive}/{len(self.workers)} workers alive\n".encode())
 
         async def readyz(req: HttpRequest) -> HttpResponse:
-            answers = await self._ask_all("/readyz")
+            answers = await supervisor_http.ask_all(self, "/readyz")
             ready = sum(status == 200 for status, _ in answers)
             lines = "".join(f"worker {i}: {body.decode(errors='replace').strip() or status}\n"
                             for i, (status, body) in enumerate(answers))
@@ -222,43 +202,17 @@ class Supervisor:
                                 f"{ready}/{len(answers)} workers ready\n{lines}".encode())
 
         async def metrics(req: HttpRequest) -> HttpResponse:
-            answers = await self._ask_all("/metrics")
-            texts = [body.decode("utf-8", "replace") for status, body in answers
-                     if status == 200]
-            own = self._own_metrics(scraped=len(texts))
-            body = await trio.to_thread.run_sync(
-                lambda: merge_expositions([*texts, own]).encode())
-            headers = []
-            if "gzip" in req.headers.get("accept-encoding", ""):
-                body = await trio.to_thread.run_sync(gzip.compress, body)
-                headers.append(("content-encoding", "gzip"))
-            return HttpResponse(200, body, "text/plain; version=0.0.4; charset=utf-8",
-                                headers)
+            return await supervisor_http.metrics(self, req)
 
         async def rebootstrap(req: HttpRequest) -> HttpResponse:
             if req.method != "POST":
                 return HttpResponse(405, b"use POST\n", headers=[("allow", "POST")])
-            answers = await self._ask_all("/admin/rebootstrap", "POST")
+            answers = await supervisor_http.ask_all(self, "/admin/rebootstrap", method="POST")
             status = max((s for s, _ in answers if s != 200), default=200)
             return HttpResponse(status, b"".join(body for _, body in answers))
 
         return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics,
-                "/admin/rebootstrap": rebootstrap}
-
-    def _own_metrics(self, scraped: int) -> str:
-        restarts = sum(w.restarts for w in self.workers)
-        return ("# HELP kproxy_workers Worker processes configured\n"
-                "# TYPE kproxy_workers gauge\n"
-                f"kproxy_workers {len(self.workers)}\n"
-                "# HELP kproxy_workers_alive Worker processes running now\n"
-                "# TYPE kproxy_workers_alive gauge\n"
-                f"kproxy_workers_alive {len(self._live())}\n"
-                "# HELP kproxy_workers_scraped Workers whose /metrics are in this scrape\n"
-                "# TYPE kproxy_workers_scraped gauge\n"
-                f"kproxy_workers_scraped {scraped}\n"
-                "# HELP kproxy_worker_restarts Workers restarted after they exited\n"
-                "# TYPE kproxy_worker_restarts counter\n"
-                f"kproxy_worker_restarts_total {restarts}\n" + self.hub.exposition())
+                "/admin/rebootstrap": rebootstrap, **supervisor_http.status_routes(self)}
 
 
 def supervise(cfg: Config, run_argv: list[str], count: int) -> int:

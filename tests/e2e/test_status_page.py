@@ -4,6 +4,7 @@ proxy in front of a real broker: bounded whatever the number of clients."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -175,6 +176,10 @@ async def test_live_snapshot_is_bounded_and_says_what_clients_said(
     assert snap["backend"]["brokers"][0]["node_id"] == 111
     change = snap["backend"]["last_change"]
     assert change["reason"] == "operator" and snap["backend"]["topology_epoch"] == 1
+    # One process lists itself as the one worker, as the supervisor lists each.
+    (me,) = snap["workers"]
+    assert (me["pid"], me["connections"], me["config_generation"]) == (
+        os.getpid(), groups + 1, 0)
     assert served["clients"]["connections"] == groups + 1
     assert served["backend"]["cluster_id"] == snap["backend"]["cluster_id"]
     assert re.search(rb"sw-01</h3>|sw-01 1\.0", page)

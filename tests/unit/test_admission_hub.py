@@ -84,7 +84,8 @@ def test_messages_carry_requests_limits_and_hello() -> None:
     rows = {r["limit"]: r for r in hub.limit_rows()}
     assert rows["max_connections"]["value"] == 5
     assert rows["max_connections_per_source"]["hits"] == 1
-    assert "kproxy_max_connections_effective 5.0" in hub.exposition()
+    families = {f.name: f for f in hub.families()}
+    assert families["kproxy_max_connections_effective"].samples[0].value == 5
 
 
 def test_source_addresses_are_bounded() -> None:
