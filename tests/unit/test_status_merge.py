@@ -136,5 +136,12 @@ def test_limits_from_the_supervisor_replace_the_derived_ones() -> None:
     a = worker_snapshot(1, 1.0, [])
     rows = [{"limit": "max_connections", "value": 100, "in_use": 7, "hits": 0,
              "hit_now": False}]
+    derived = merge([a, copy.deepcopy(a)], INFOS, now=2.0)["limits"]
     snap = merge([a, copy.deepcopy(a)], INFOS, now=2.0, limits=rows)
-    assert snap["limits"] == rows
+    # The supervisor's row stands where the derived max_connections row stood; every
+    # other limit is still derived from the workers.
+    assert [r["limit"] for r in snap["limits"]] == [r["limit"] for r in derived]
+    by_name = {r["limit"]: r for r in snap["limits"]}
+    assert by_name["max_connections"] == rows[0]
+    assert [r for r in snap["limits"] if r["limit"] != "max_connections"] == [
+        r for r in derived if r["limit"] != "max_connections"]
