@@ -11,7 +11,12 @@ name and labels are combined by what they mean:
 - client telemetry (every family not named ``kproxy_*``): a client's series live in
   the worker that holds its connection, and in two workers only after it reconnected
   to another one; clients push cumulative values by default, so the highest is the
-  newest. One line per series either way: no duplicates.
+  newest (with delta temporality, ``sum_clients``: each worker holds the deltas it
+  received, so they add up). One line per series either way: no duplicates.
+
+``kproxy.metrics.worker_merge`` picks the lines this combines: a client instance's
+from the worker with its newest push, the consumer-group families merged from the
+workers' facts, and the carried values that keep counters from going backwards.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ def _family(sample: str, types: dict[str, str]) -> str:
     return sample
 
 
-def _combine(family: str, kind: str, values: list[float]) -> float:
+def _combine(family: str, kind: str, values: list[float], sum_clients: bool) -> float:
     if not family.startswith("kproxy_"):
+        if sum_clients and kind in ("counter", "histogram", "summary"):
+            return sum(values)  # delta temporality: each worker's deltas
         return max(values)  # client telemetry: the newest cumulative value
     if family in MAX_GAUGES:
         return max(values)
@@ -47,7 +54,7 @@ def _combine(family: str, kind: str, values: list[float]) -> float:
     return sum(values)
 
 
-def merge_expositions(texts: Iterable[str]) -> str:
+def merge_expositions(texts: Iterable[str], sum_clients: bool = False) -> str:
     """One Prometheus text exposition out of several, each series once."""
     help_: dict[str, str] = {}
     types: dict[str, str] = {}
@@ -86,7 +93,7 @@ def merge_expositions(texts: Iterable[str]) -> str:
             out.append(f"# TYPE {family} {types[family]}")
         kind = types.get(family, "untyped")
         for (sample, labels), values in series[family].items():
-            out.append(f"{sample}{labels} {_format(_combine(family, kind, values))}")
+            out.append(f"{sample}{labels} {_format(_combine(family, kind, values, sum_clients))}")
     return "\n".join(out) + "\n"
 
 

@@ -20,6 +20,7 @@ subscription and the instance id, so any worker answers a client the same way.
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import math
 import os
@@ -35,7 +36,8 @@ import trio
 from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
-from kproxy.metrics.merge import merge_expositions
+from kproxy.metrics.worker_merge import WorkerMerge
+from kproxy.policies.groups import GroupLimits
 
 log = logging.getLogger("kproxy.workers")
 RESTART_PAUSE = 1.0  # first pause before restarting a worker that died
@@ -82,6 +84,7 @@ class Supervisor:
         self.exit_code = 0
         self._stop = trio.Event()
         self._limiter = trio.CapacityLimiter(max(4, count))
+        self.merger = WorkerMerge(GroupLimits(cfg.group_max_groups, cfg.group_max_members))
 
     def command(self, worker: Worker) -> list[str]:
         # Later flags win: every worker is one process, on shared ports, its own HTTP.
@@ -202,11 +205,14 @@ class Supervisor:
 
         async def metrics(req: HttpRequest) -> HttpResponse:
             answers = await self._ask_all("/metrics")
-            texts = [body.decode("utf-8", "replace") for status, body in answers
-                     if status == 200]
-            own = self._own_metrics(scraped=len(texts))
-            body = await trio.to_thread.run_sync(
-                lambda: merge_expositions([*texts, own]).encode())
+            facts = await self._ask_all("/internal/facts")
+            texts = [body.decode("utf-8", "replace") if status == 200 else None
+                     for status, body in answers]
+            own = self._own_metrics(scraped=sum(t is not None for t in texts))
+            epochs = [w.restarts for w in self.workers]
+            body = await trio.to_thread.run_sync(lambda: self.merger.merge(
+                texts, [_json(b) if s == 200 else None for s, b in facts], epochs, own,
+                time.monotonic()).encode())
             headers = []
             if "gzip" in req.headers.get("accept-encoding", ""):
                 body = await trio.to_thread.run_sync(gzip.compress, body)
@@ -238,6 +244,14 @@ class Supervisor:
                 "# HELP kproxy_worker_restarts Workers restarted after they exited\n"
                 "# TYPE kproxy_worker_restarts counter\n"
                 f"kproxy_worker_restarts_total {restarts}\n")
+
+
+def _json(body: bytes) -> dict[str, object] | None:
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def supervise(cfg: Config, run_argv: list[str], count: int) -> int:

@@ -1,0 +1,163 @@
+"""The supervisor's /metrics: workers' expositions and facts, merged by the documented rules.
+
+``kproxy.metrics.merge`` combines series line by line; this adds what needs memory or
+the workers' facts (``/internal/facts``): the consumer-group families come from
+``group_merge``, a client instance's series from the worker with its newest push
+(``telemetry_merge``), and ``CounterFloors`` keep every summed counter from going
+backwards when a worker restarts or a share of a series vanishes from one worker.
+Pure, with the time passed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from kproxy.http.server import Handler, HttpRequest, HttpResponse
+from kproxy.metrics import group_merge, telemetry_merge
+from kproxy.metrics.exposition import value_text
+from kproxy.metrics.merge import merge_expositions
+from kproxy.policies.groups import GroupLimits
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total")
+CARRY_KEEP_S = 600.0  # a vanished series' carried value is kept this long for its return
+MAX_CARRIED = 100_000  # carried values kept at most (oldest first out)
+Key = tuple[str, str]  # (sample name, label text)
+
+
+class CounterFloors:
+    """Per worker, the last value of each summed counter sample; what a worker lost
+    (a restart, a share of a series that expired there) is carried, so the sum never
+    goes backwards while the series lives on in some worker."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, dict[Key, float]] = {}
+        self.epoch: dict[int, int] = {}
+        self.carried: OrderedDict[Key, tuple[float, float]] = OrderedDict()  # (value, at)
+
+    def _carry(self, key: Key, value: float, now: float) -> None:
+        held = self.carried.pop(key, (0.0, now))[0]
+        self.carried[key] = (held + value, now)
+        while len(self.carried) > MAX_CARRIED:
+            self.carried.popitem(last=False)
+
+    def worker(self, index: int, epoch: int, samples: dict[Key, float], now: float) -> None:
+        """One worker's counter samples this scrape; ``epoch`` changes when it restarts."""
+        last = self.last.get(index, {})
+        restarted = self.epoch.get(index, epoch) != epoch
+        self.epoch[index] = epoch
+        for key, before in last.items():
+            value = samples.get(key)
+            if restarted or value is None or value < before:
+                self._carry(key, before, now)
+        self.last[index] = dict(samples)
+
+    def lines(self, present: set[Key], now: float) -> list[str]:
+        """The carried values of series some worker still reports; old ones dropped."""
+        for key in [k for k, (_, at) in self.carried.items() if now - at > CARRY_KEEP_S
+                    and k not in present]:
+            del self.carried[key]
+        out = []
+        for key, (value, _) in self.carried.items():
+            if key in present:
+                self.carried[key] = (value, now)
+                out.append(f"{key[0]}{key[1]} {value_text(value)}")
+        return out
+
+
+class WorkerMerge:
+    def __init__(self, limits: GroupLimits | None = None) -> None:
+        self.groups = group_merge.GroupMerge(limits)
+        self.floors = CounterFloors()
+        self._lock = threading.Lock()  # scrapes merge on threads; one at a time
+
+    def merge(self, texts: list[str | None], facts: list[dict[str, Any] | None],
+              epochs: list[int], own: str, now: float) -> str:
+        """``texts`` and ``facts`` per worker (None: not answered), ``epochs`` its restarts."""
+        with self._lock:
+            return self._merge(texts, facts, epochs, own, now)
+
+    def _merge(self, texts: list[str | None], facts: list[dict[str, Any] | None],
+               epochs: list[int], own: str, now: float) -> str:
+        tele = [(f or {}).get("telemetry") for f in facts]
+        delta = telemetry_merge.delta(tele)
+        won = telemetry_merge.winners(tele)
+        group_facts = [f for f in facts if f and "groups" in f]
+        kept: list[str] = []
+        present: set[Key] = set()
+        for index, text in enumerate(texts):
+            if text is None:
+                continue
+            lines, counters = _filter(index, text, won, delta, bool(group_facts))
+            self.floors.worker(index, epochs[index], counters, now)
+            present.update(counters)
+            kept.append(lines)
+        carry = "\n".join(self.floors.lines(present, now))
+        extra = [carry + "\n"] if carry else []
+        if group_facts:
+            extra.append(self.groups.exposition(self.groups.merge(group_facts, now)))
+        return merge_expositions([*kept, *extra, own], sum_clients=delta)
+
+
+def _filter(index: int, text: str, won: dict[str, int], delta: bool,
+            groups_merged: bool) -> tuple[str, dict[Key, float]]:
+    """A worker's exposition without what another source replaces; its summed counters."""
+    types: dict[str, str] = {}
+    out: list[str] = []
+    counters: dict[Key, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) == 4 and parts[1] == "TYPE":
+                types[parts[2]] = parts[3]
+            if groups_merged and len(parts) > 2 and parts[2] in group_merge.FAMILIES:
+                continue
+            out.append(line)
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        sample, labels = match.group(1), match.group(2) or ""
+        family = _family(sample, types)
+        if groups_merged and family in group_merge.FAMILIES:
+            continue
+        kind = types.get(family, "untyped")
+        additive = kind in ("counter", "histogram", "summary") and not sample.endswith(
+            "_created")
+        client = not family.startswith("kproxy_")
+        if client and not telemetry_merge.keep(index, labels, won, additive and delta):
+            continue
+        if additive and (delta or not client):
+            with contextlib.suppress(ValueError):
+                counters[(sample, labels)] = float(match.group(3))
+        out.append(line)
+    return "\n".join(out) + "\n", counters
+
+
+def _family(sample: str, types: dict[str, str]) -> str:
+    if sample in types:
+        return sample
+    for suffix in _SUFFIXES:
+        if sample.endswith(suffix) and sample[: -len(suffix)] in types:
+            return sample[: -len(suffix)]
+    return sample
+
+
+def facts_route(groups: Callable[[], dict[str, Any]] | None,
+                telemetry: Callable[[], dict[str, Any]] | None) -> Handler:
+    """A worker's ``/internal/facts``: what the supervisor merges (JSON)."""
+    async def facts(req: HttpRequest) -> HttpResponse:
+        body: dict[str, Any] = {}
+        if groups is not None:
+            body.update(groups())
+        if telemetry is not None:
+            body["telemetry"] = telemetry()
+        return HttpResponse(200, json.dumps(body, separators=(",", ":")).encode(),
+                            "application/json")
+    return facts
