@@ -188,8 +188,9 @@ class GroupMerge:
         out: list[str] = []
         for name, lines in fam.items():
             kind, text = head[name]
-            out += [f"# HELP kproxy_group_{name} {text}", f"# TYPE kproxy_group_{name} {kind}",
-                    *lines]
+            # Named as the workers' text names it (a counter's family ends in _total).
+            family = f"kproxy_group_{name}" + ("_total" if kind == "counter" else "")
+            out += [f"# HELP {family} {text}", f"# TYPE {family} {kind}", *lines]
         out += ["# HELP kproxy_group_tracked Consumer groups currently tracked",
                 "# TYPE kproxy_group_tracked gauge", f"kproxy_group_tracked {len(groups)}",
                 "# HELP kproxy_group_rebalance_seconds Duration of completed rebalances, "

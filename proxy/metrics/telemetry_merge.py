@@ -29,11 +29,11 @@ Facts = dict[str, Any]
 
 
 def telemetry_facts(state: TelemetryState, now_ms: int) -> Facts:
-    """Per remembered instance its last accepted push (ms, monotonic); the temporality."""
+    """Per remembered instance its last accepted push (ms, monotonic; 0: none yet), and
+    the temporality. As many entries as instances (``max_instances`` bounds them)."""
     state.expire(now_ms)
     return {"delta": state.settings.delta_temporality,
-            "pushed": [[str(i), inst.pushed_ms] for i, inst in state.instances.items()
-                       if inst.pushed_ms]}
+            "pushed": [[str(i), inst.pushed_ms] for i, inst in state.instances.items()]}
 
 
 def winners(facts: list[Facts | None]) -> dict[str, int]:

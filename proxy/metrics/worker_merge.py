@@ -27,6 +27,7 @@ from kproxy.policies.groups import GroupLimits
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total")
 CARRY_KEEP_S = 600.0  # a vanished series' carried value is kept this long for its return
+INSTANCES = "kproxy_telemetry_client_instances"
 MAX_CARRIED = 100_000  # carried values kept at most (oldest first out)
 Key = tuple[str, str]  # (sample name, label text)
 
@@ -76,6 +77,8 @@ class WorkerMerge:
         self.groups = group_merge.GroupMerge(limits)
         self.floors = CounterFloors()
         self._lock = threading.Lock()  # scrapes merge on threads; one at a time
+        # The merged groups of the last scrape, for a status page to show.
+        self.last_groups: list[group_merge.MergedGroup] = []
 
     def merge(self, texts: list[str | None], facts: list[dict[str, Any] | None],
               epochs: list[int], own: str, now: float) -> str:
@@ -89,24 +92,33 @@ class WorkerMerge:
         delta = telemetry_merge.delta(tele)
         won = telemetry_merge.winners(tele)
         group_facts = [f for f in facts if f and "groups" in f]
+        replaced = set(group_merge.FAMILIES) if group_facts else set()
+        extra: list[str] = []
+        if all(tele[i] is not None for i, t in enumerate(texts) if t is not None) and any(tele):
+            # Instances remembered: each once, however many workers remember it.
+            replaced.add(INSTANCES)
+            extra.append(f"# HELP {INSTANCES} Client instances remembered (each once)\n"
+                         f"# TYPE {INSTANCES} gauge\n{INSTANCES} {len(won)}\n")
         kept: list[str] = []
         present: set[Key] = set()
         for index, text in enumerate(texts):
             if text is None:
                 continue
-            lines, counters = _filter(index, text, won, delta, bool(group_facts))
+            lines, counters = _filter(index, text, won, delta, replaced)
             self.floors.worker(index, epochs[index], counters, now)
             present.update(counters)
             kept.append(lines)
         carry = "\n".join(self.floors.lines(present, now))
-        extra = [carry + "\n"] if carry else []
+        if carry:
+            extra.append(carry + "\n")
         if group_facts:
-            extra.append(self.groups.exposition(self.groups.merge(group_facts, now)))
+            self.last_groups = self.groups.merge(group_facts, now)
+            extra.append(self.groups.exposition(self.last_groups))
         return merge_expositions([*kept, *extra, own], sum_clients=delta)
 
 
 def _filter(index: int, text: str, won: dict[str, int], delta: bool,
-            groups_merged: bool) -> tuple[str, dict[Key, float]]:
+            replaced: set[str]) -> tuple[str, dict[Key, float]]:
     """A worker's exposition without what another source replaces; its summed counters."""
     types: dict[str, str] = {}
     out: list[str] = []
@@ -116,7 +128,7 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool,
             parts = line.split(" ", 3)
             if len(parts) == 4 and parts[1] == "TYPE":
                 types[parts[2]] = parts[3]
-            if groups_merged and len(parts) > 2 and parts[2] in group_merge.FAMILIES:
+            if len(parts) > 2 and parts[2].removesuffix("_total") in replaced:
                 continue
             out.append(line)
             continue
@@ -125,7 +137,7 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool,
             continue
         sample, labels = match.group(1), match.group(2) or ""
         family = _family(sample, types)
-        if groups_merged and family in group_merge.FAMILIES:
+        if family.removesuffix("_total") in replaced:
             continue
         kind = types.get(family, "untyped")
         additive = kind in ("counter", "histogram", "summary") and not sample.endswith(

@@ -120,6 +120,9 @@ def test_a_push_to_a_worker_that_never_handed_out_the_subscription_is_accepted()
 def client_text(instance: str, counter: float, gauge: float) -> str:
     return ("# HELP kproxy_requests Requests\n# TYPE kproxy_requests counter\n"
             f"kproxy_requests_total 1.0\n"
+            "# HELP kproxy_telemetry_client_instances Instances\n"
+            "# TYPE kproxy_telemetry_client_instances gauge\n"
+            "kproxy_telemetry_client_instances 1.0\n"
             "# HELP client_sent Sent\n# TYPE client_sent counter\n"
             f'client_sent_total{{client_instance_id="{instance}",client_id="c"}} {counter}\n'
             "# HELP client_queue Queue\n# TYPE client_queue gauge\n"
@@ -137,6 +140,7 @@ def test_cumulative_an_instance_series_come_once_from_its_newest_push() -> None:
                       [tele(1_000), tele(2_000)], [0, 0], "", 1.0)
     assert metric(out, "client_sent_total") == 12 and metric(out, "client_queue") == 3
     assert metric(out, "kproxy_requests_total") == 2
+    assert metric(out, "kproxy_telemetry_client_instances") == 1  # remembered by both
     # Worker 1 restarts (its share of kproxy_requests_total is lost): no step back.
     out = merge.merge([client_text("x", 14, 5), None], [tele(3_000), None], [0, 1], "", 2.0)
     assert metric(out, "client_sent_total") == 14
@@ -168,3 +172,20 @@ def test_facts_stay_small_and_json() -> None:
     t.high_watermarks([("t", p, 10) for p in range(100)], 1.0)
     facts = wire(group_facts(t, 2.0))
     assert len(facts["watermarks"]) == 3  # only partitions a group committed
+
+
+def test_workers_own_group_lines_give_way_to_the_merged_ones() -> None:
+    a, b = GroupTracker(), GroupTracker()
+    join_round(a, b, 1, ["c1"], ["c2"], 10.0)
+    b.join_request("g", "c2", "consumer", None, 11.0)  # b sees generation 1 complete twice
+    b.sync_response("g", "c2", 1, 0, 1, 11.1)
+    worker = ("# HELP kproxy_group_rebalances_total Rebalances\n"
+              "# TYPE kproxy_group_rebalances_total counter\n"
+              'kproxy_group_rebalances_total{group="g"} 4.0\n'
+              "# HELP kproxy_group_members Members\n# TYPE kproxy_group_members gauge\n"
+              'kproxy_group_members{group="g"} 1.0\n')
+    out = WorkerMerge().merge([worker, worker], [wire(group_facts(a, 12)),
+                                                 wire(group_facts(b, 12))], [0, 0], "", 12)
+    assert metric(out, 'kproxy_group_rebalances_total{group="g"}') == 1
+    assert metric(out, 'kproxy_group_members{group="g"}') == 2
+    assert out.count("# TYPE kproxy_group_rebalances_total counter") == 1
