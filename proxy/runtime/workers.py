@@ -6,10 +6,11 @@ its own on loopback — so the kernel spreads client connections over them
 (SO_REUSEPORT). It restarts a worker that dies (with a growing pause if it keeps
 dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT asks
 every worker to drain and waits for them. It serves the configured HTTP address
-itself: ``/metrics`` is every worker's exposition combined into one
-(``kproxy.metrics.merge``), ``/readyz`` is ready while any worker is ready (a dead
-worker's listener is closed, so no connection reaches it), and
-``/admin/rebootstrap`` is passed to every worker.
+itself: ``/metrics`` is every worker's exposition combined into one, with their
+facts (``/internal/facts``: groups, telemetry instances) merged into one group model
+and one series per client instance (``kproxy.metrics.worker_merge``), ``/readyz``
+is ready while any worker is ready (a dead worker's listener is closed, so no
+connection reaches it), and ``/admin/rebootstrap`` is passed to every worker.
 
 Nothing is shared between workers but the ports: a client connection and its
 upstream connection live in one worker, telemetry rate limits are per connection
