@@ -77,6 +77,10 @@ class WorkerMerge:
         self.groups = group_merge.GroupMerge(limits)
         self.floors = CounterFloors()
         self._lock = threading.Lock()  # scrapes merge on threads; one at a time
+        # Cumulative client counters: the highest value served, per series, so that one
+        # never goes backwards when the worker with an instance's newest push goes away
+        # and an older push is all that is left (kept while some worker reports it).
+        self.highest: dict[Key, float] = {}
         # The merged groups of the last scrape, for a status page to show.
         self.last_groups: list[group_merge.MergedGroup] = []
 
@@ -101,13 +105,16 @@ class WorkerMerge:
                          f"# TYPE {INSTANCES} gauge\n{INSTANCES} {len(won)}\n")
         kept: list[str] = []
         present: set[Key] = set()
+        highest: dict[Key, float] = {}
         for index, text in enumerate(texts):
             if text is None:
                 continue
-            lines, counters = _filter(index, text, won, delta, replaced)
+            lines, counters = _filter(index, text, won, delta, replaced,
+                                      (self.highest, highest))
             self.floors.worker(index, epochs[index], counters, now)
             present.update(counters)
             kept.append(lines)
+        self.highest = highest
         carry = "\n".join(self.floors.lines(present, now))
         if carry:
             extra.append(carry + "\n")
@@ -117,9 +124,12 @@ class WorkerMerge:
         return merge_expositions([*kept, *extra, own], sum_clients=delta)
 
 
-def _filter(index: int, text: str, won: dict[str, int], delta: bool,
-            replaced: set[str]) -> tuple[str, dict[Key, float]]:
-    """A worker's exposition without what another source replaces; its summed counters."""
+def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: set[str],
+            highest: tuple[dict[Key, float], dict[Key, float]]
+            ) -> tuple[str, dict[Key, float]]:
+    """A worker's exposition without what another source replaces, cumulative client
+    counters at least as high as served before (``highest``: before, now); its summed
+    counters."""
     types: dict[str, str] = {}
     out: list[str] = []
     counters: dict[Key, float] = {}
@@ -148,6 +158,13 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool,
         if additive and (delta or not client):
             with contextlib.suppress(ValueError):
                 counters[(sample, labels)] = float(match.group(3))
+        elif additive:
+            with contextlib.suppress(ValueError):
+                key, value = (sample, labels), float(match.group(3))
+                top = max(value, highest[0].get(key, value), highest[1].get(key, value))
+                highest[1][key] = top
+                if top != value:
+                    line = f"{sample}{labels} {value_text(top)}"
         out.append(line)
     return "\n".join(out) + "\n", counters
 

@@ -12,7 +12,9 @@ can be installed here).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 import urllib.request
@@ -48,15 +50,20 @@ def samples(text: str, start: str) -> dict[str, float]:
 
 def worker_ports(kp: KproxyProcess, count: int = 2) -> list[int]:
     """The workers' own HTTP ports, from their command lines (once all have started)."""
+    return list(workers(kp, count))
+
+
+def workers(kp: KproxyProcess, count: int = 2) -> dict[int, int]:
+    """Each worker's HTTP port and pid, once all have started and are ready."""
     deadline = time.monotonic() + 60
     while True:
         pids = Path(f"/proc/{kp.process.pid}/task/{kp.process.pid}/children").read_text().split()
-        ports = []
+        ports = {}
         for pid in pids:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             at = len(argv) - 1 - argv[::-1].index(b"--http")  # the last one wins
-            ports.append(int(argv[at + 1].rsplit(b":", 1)[1]))
-        if len(set(ports)) == count and all(_get(p, "/readyz")[0] == 200 for p in ports):
+            ports[int(argv[at + 1].rsplit(b":", 1)[1])] = int(pid)
+        if len(ports) == count and all(_get(p, "/readyz")[0] == 200 for p in ports):
             return ports
         assert time.monotonic() < deadline, "the workers did not start"
         time.sleep(0.2)
@@ -261,3 +268,23 @@ def test_an_instance_whose_telemetry_moves_between_workers(tansu: TansuBroker,
                         for sm in rm.scope_metrics for m in sm.metrics
                         if m.name.endswith("send.total") for dp in m.sum.data_points]
             assert sorted(exported) == [100, 150]
+
+            # The worker with the newest push dies; the other still holds the older one.
+            # No counter on the supervisor goes backwards, neither the client's nor the
+            # proxy's own (the dead worker's share of them is carried).
+            pushes = 'kproxy_telemetry_requests_total{api="PushTelemetry",error="none"}'
+            assert samples(_get(kp.http_port, "/metrics")[1], pushes) == {pushes: 2.0}
+            os.kill(workers(kp)[ports[1]], signal.SIGKILL)
+
+            def replaced() -> str | None:
+                text = _get(kp.http_port, "/metrics")[1]
+                return text if samples(text, "kproxy_worker_restarts_total") == {
+                    "kproxy_worker_restarts_total": 1.0} and samples(
+                        text, "kproxy_workers_scraped") == {"kproxy_workers_scraped": 2.0} \
+                    else None
+
+            text = wait_for("the worker replaced", replaced, 60)
+            sent = {k: v for k, v in samples(
+                text, "org_apache_kafka_producer_record_send").items() if label in k}
+            assert list(sent.values()) == [150], sent
+            assert samples(text, pushes) == {pushes: 2.0}

@@ -12,7 +12,7 @@ from typing import Any
 
 from kproxy.metrics.group_merge import GroupMerge, group_facts
 from kproxy.metrics.telemetry_merge import telemetry_facts
-from kproxy.metrics.worker_merge import WorkerMerge
+from kproxy.metrics.worker_merge import CARRY_KEEP_S, MAX_CARRIED, CounterFloors, WorkerMerge
 from kproxy.policies.groups import GroupTracker
 from kproxy.policies.telemetry import NONE, TelemetryState
 from kproxy.policies.telemetry_subscriptions import Subscription, TelemetrySettings
@@ -148,6 +148,9 @@ def test_cumulative_an_instance_series_come_once_from_its_newest_push() -> None:
                       [tele(3_000), {"telemetry": {"delta": False, "pushed": [["y", 1]]}}],
                       [0, 1], "", 3.0)
     assert metric(out, "kproxy_requests_total") == 3  # 2 before, worker 1's new 1
+    # The worker with x's newest push is gone; worker 0 holds an older push of it.
+    out = merge.merge([client_text("x", 13, 8), None], [tele(2_500), None], [0, 1], "", 4.0)
+    assert metric(out, "client_sent_total") == 14 and metric(out, "client_queue") == 8
 
 
 def test_delta_counters_add_up_and_never_go_backwards_as_an_instance_moves() -> None:
@@ -189,3 +192,19 @@ def test_workers_own_group_lines_give_way_to_the_merged_ones() -> None:
     assert metric(out, 'kproxy_group_rebalances_total{group="g"}') == 1
     assert metric(out, 'kproxy_group_members{group="g"}') == 2
     assert out.count("# TYPE kproxy_group_rebalances_total counter") == 1
+
+
+def test_carried_counter_values_are_bounded_in_time_and_count() -> None:
+    floors = CounterFloors()
+    key = ("kproxy_x_total", '{a="1"}')
+    floors.worker(0, 0, {key: 5.0}, 0.0)
+    floors.worker(0, 1, {key: 1.0}, 1.0)  # restarted: 5 carried
+    assert floors.lines({key}, 1.0) == ['kproxy_x_total{a="1"} 5.0']
+    floors.worker(0, 1, {}, 2.0)  # the series vanished everywhere
+    assert floors.lines(set(), 2.0) == [] and key in floors.carried
+    floors.lines(set(), 2.0 + CARRY_KEEP_S + 1)
+    assert key not in floors.carried  # gone for good after a while
+    many = {("kproxy_x_total", f'{{a="{i}"}}'): 1.0 for i in range(MAX_CARRIED + 10)}
+    floors.worker(1, 0, many, 3.0)
+    floors.worker(1, 1, {}, 4.0)
+    assert len(floors.carried) == MAX_CARRIED
