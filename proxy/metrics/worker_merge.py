@@ -133,11 +133,14 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
     types: dict[str, str] = {}
     out: list[str] = []
     counters: dict[Key, float] = {}
+    # Per sample name, decided once: None (left out), or (additive, client).
+    decided: dict[str, tuple[bool, bool] | None] = {}
     for line in text.splitlines():
         if line.startswith("#"):
             parts = line.split(" ", 3)
             if len(parts) == 4 and parts[1] == "TYPE":
                 types[parts[2]] = parts[3]
+                decided.clear()
             if len(parts) > 2 and parts[2].removesuffix("_total") in replaced:
                 continue
             out.append(line)
@@ -145,14 +148,22 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
         match = _SAMPLE.match(line)
         if match is None:
             continue
-        sample, labels = match.group(1), match.group(2) or ""
-        family = _family(sample, types)
-        if family.removesuffix("_total") in replaced:
+        sample = match.group(1)
+        if sample in decided:
+            how = decided[sample]
+        else:
+            family = _family(sample, types)
+            kind = types.get(family, "untyped")
+            how = decided[sample] = None if family.removesuffix("_total") in replaced else (
+                kind in ("counter", "histogram", "summary") and not sample.endswith("_created"),
+                not family.startswith("kproxy_"))
+        if how is None:
             continue
-        kind = types.get(family, "untyped")
-        additive = kind in ("counter", "histogram", "summary") and not sample.endswith(
-            "_created")
-        client = not family.startswith("kproxy_")
+        additive, client = how
+        if not additive and not client:
+            out.append(line)
+            continue
+        labels = match.group(2) or ""
         if client and not telemetry_merge.keep(index, labels, won, additive and delta):
             continue
         if additive and (delta or not client):
