@@ -28,12 +28,14 @@ INSTANCE = re.compile(r'client_instance_id="([^"]*)"')
 Facts = dict[str, Any]
 
 
-def telemetry_facts(state: TelemetryState, now_ms: int) -> Facts:
+def telemetry_facts(state: TelemetryState) -> Facts:
     """Per remembered instance its last accepted push (ms, monotonic; 0: none yet), and
-    the temporality. As many entries as instances (``max_instances`` bounds them)."""
-    state.expire(now_ms)
+    the temporality. As many entries as instances (``max_instances`` and the instances'
+    byte budget bound them). Not swept here: the /metrics scrape just before did that,
+    and the state sweeps itself at most once a second as requests come."""
     return {"delta": state.settings.delta_temporality,
-            "pushed": [[str(i), inst.pushed_ms] for i, inst in state.instances.items()]}
+            "pushed": [[inst.attrs["client_instance_id"], inst.pushed_ms]
+                       for inst in state.instances.values()]}
 
 
 def winners(facts: list[Facts | None]) -> dict[str, int]:

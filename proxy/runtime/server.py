@@ -279,7 +279,7 @@ class Proxy:
         groups, tele = self.groups, self.telemetry
         return facts_route(
             (lambda: group_facts(groups.tracker, time.monotonic())) if groups else None,
-            (lambda: telemetry_facts(tele.state, tele.clock_ms())) if tele else None)
+            (lambda: telemetry_facts(tele.state)) if tele else None)
 
     def ready(self) -> tuple[bool, str]:
         last = self.backend.last_discovery
