@@ -5,7 +5,7 @@ the workers' facts (``/internal/facts``): the consumer-group families come from
 ``group_merge``, a client instance's series from the worker with its newest push
 (``telemetry_merge``), and ``CounterFloors`` keep every summed counter from going
 backwards when a worker restarts or a share of a series vanishes from one worker.
-Pure, with the time passed in.
+The merge does no I/O (the time is passed in); ``facts_route`` is the workers' side.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+import trio
 
 from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.metrics import group_merge, telemetry_merge
@@ -198,6 +200,8 @@ def facts_route(groups: Callable[[], dict[str, Any]] | None,
             body.update(groups())
         if telemetry is not None:
             body["telemetry"] = telemetry()
-        return HttpResponse(200, json.dumps(body, separators=(",", ":")).encode(),
-                            "application/json")
+        # Encoded on a thread: the lists are this moment's copies, the loop goes on.
+        text = await trio.to_thread.run_sync(
+            lambda: json.dumps(body, separators=(",", ":")).encode())
+        return HttpResponse(200, text, "application/json")
     return facts

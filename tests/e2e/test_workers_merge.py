@@ -77,13 +77,14 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return 0, ""
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60) -> Any:
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60,
+             show: Callable[[], object] = lambda: "") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         found = predicate()
         if found:
             return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what} {show()}"
         time.sleep(0.2)
 
 
@@ -162,7 +163,9 @@ def test_a_group_whose_members_sit_on_both_workers(tansu: TansuBroker, tmp_path:
         leavers[0].set()
         members, generation_after = wait_for("the member gone", lambda: (
             (v := group_view(kp.http_port, "split"))[0] == n - 1
-            and v[1] > generation and v))
+            and v[1] > generation and v), show=lambda: (
+                generation, group_view(kp.http_port, "split"),
+                [_get(p, "/internal/facts")[1] for p in ports]))
         seen = {gen for p in ports for gen, _, _ in json.loads(
             _get(p, "/internal/facts")[1])["groups"]["split"]["completed"]}
         rebalances = samples(_get(kp.http_port, "/metrics")[1],
