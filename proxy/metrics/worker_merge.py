@@ -143,7 +143,7 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
             if len(parts) == 4 and parts[1] == "TYPE":
                 types[parts[2]] = parts[3]
                 decided.clear()
-            if len(parts) > 2 and parts[2].removesuffix("_total") in replaced:
+            if len(parts) > 2 and _base(parts[2]) in replaced:
                 continue
             out.append(line)
             continue
@@ -156,7 +156,7 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
         else:
             family = _family(sample, types)
             kind = types.get(family, "untyped")
-            how = decided[sample] = None if family.removesuffix("_total") in replaced else (
+            how = decided[sample] = None if _base(family) in replaced else (
                 kind in ("counter", "histogram", "summary") and not sample.endswith("_created"),
                 not family.startswith("kproxy_"))
         if how is None:
@@ -180,6 +180,12 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
                     line = f"{sample}{labels} {value_text(top)}"
         out.append(line)
     return "\n".join(out) + "\n", counters
+
+
+def _base(family: str) -> str:
+    """A family's name without the suffix the text format gives a counter's header and a
+    family's ``_created`` timestamps."""
+    return family.removesuffix("_total").removesuffix("_created")
 
 
 def _family(sample: str, types: dict[str, str]) -> str:

@@ -186,12 +186,16 @@ def test_workers_own_group_lines_give_way_to_the_merged_ones() -> None:
               "# TYPE kproxy_group_rebalances_total counter\n"
               'kproxy_group_rebalances_total{group="g"} 4.0\n'
               "# HELP kproxy_group_members Members\n# TYPE kproxy_group_members gauge\n"
-              'kproxy_group_members{group="g"} 1.0\n')
+              'kproxy_group_members{group="g"} 1.0\n'
+              "# HELP kproxy_group_rebalance_seconds_created Created\n"
+              "# TYPE kproxy_group_rebalance_seconds_created gauge\n"
+              "kproxy_group_rebalance_seconds_created 1.7e9\n")
     out = WorkerMerge().merge([worker, worker], [wire(group_facts(a, 12)),
                                                  wire(group_facts(b, 12))], [0, 0], "", 12)
     assert metric(out, 'kproxy_group_rebalances_total{group="g"}') == 1
     assert metric(out, 'kproxy_group_members{group="g"}') == 2
     assert out.count("# TYPE kproxy_group_rebalances_total counter") == 1
+    assert "kproxy_group_rebalance_seconds_created" not in out  # two workers' timestamps
 
 
 def test_carried_counter_values_are_bounded_in_time_and_count() -> None:
