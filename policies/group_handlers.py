@@ -204,7 +204,7 @@ class FetchWatermarks:
                 name = names.name(topic)
                 if name is not None:
                     named.append((name, partition, hwm))
-            watch.tracker.high_watermarks(named)
+            watch.tracker.high_watermarks(named, watch.clock())
         except Exception as exc:  # observation must never break forwarding
             watch.failed("Fetch response", exc)
         return end

@@ -11,7 +11,7 @@ the members, errors and partitions of each are LRU-capped, label values truncate
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -19,6 +19,9 @@ from typing import TypeVar
 from kproxy.codecs.error_codes import ErrorCode, error_name
 
 MAX_ERROR_NAMES = 32  # distinct error names kept per group
+# Completed generations remembered per group, for a supervisor to count each once
+# (``kproxy.metrics.group_merge``): more than can complete between two scrapes.
+RECENT_GENERATIONS = 16
 # JoinGroup v0 has no rebalance timeout: the coordinator then uses the session timeout;
 # for abandoning a round we never saw complete, the consumer's default is long enough.
 DEFAULT_REBALANCE_TIMEOUT = 300.0
@@ -109,6 +112,14 @@ class Group:
     left_since_round: int = 0
     committed: OrderedDict[tuple[str, int], tuple[int, float]] = field(
         default_factory=OrderedDict)
+    # What several workers' views are merged from (``kproxy.metrics.group_merge``):
+    # the newest member list a leader was sent (generation, members, when), the recent
+    # completed generations (generation, ended at, seconds), and members that left or
+    # were fenced, by when: a member one worker still holds may have left through another.
+    roster: tuple[int, frozenset[str], float] | None = None
+    completed: deque[tuple[int, float, float]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_GENERATIONS))
+    departed: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
 
 class GroupTracker:
@@ -121,6 +132,7 @@ class GroupTracker:
         self.groups: OrderedDict[str, Group] = OrderedDict()
         # High watermarks by (topic, partition), from Fetch responses; LRU-bounded.
         self.watermarks: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self.watermark_at: dict[tuple[str, int], float] = {}  # when each was last seen
         self.evicted_groups = 0
         self.decode_failures = 0
 
@@ -137,6 +149,15 @@ class GroupTracker:
             return None
         return _touch(g.members, clip(member_id, self.limits), now, Member,
                       self.limits.max_members)[0]
+
+    def _drop(self, g: Group, member_id: str, now: float) -> bool:
+        """A member gone (left, unknown, fenced): removed, and remembered as departed."""
+        key = clip(member_id, self.limits)
+        g.departed[key] = now
+        g.departed.move_to_end(key)
+        while len(g.departed) > self.limits.max_members:
+            g.departed.popitem(last=False)
+        return g.members.pop(key, None) is not None
 
     def error(self, group_id: str, code: int, now: float) -> None:
         """A member was answered with an error (counted by name)."""
@@ -162,6 +183,7 @@ class GroupTracker:
         assert g.round_started is not None
         g.rebalances += 1
         g.generation_size = len(g.members)
+        g.completed.append((generation, now, max(0.0, now - g.round_started)))
         event = Rebalance(g.group_id, generation, g.round_members_before, len(g.members),
                           max(0.0, now - g.round_started), g.round_reason or "unknown",
                           "consumer" if g.kip848 else "classic", g.assignor, now)
@@ -210,6 +232,7 @@ class GroupTracker:
         g.round_joined.add(key)
         if members is not None:
             g.round_expected = {clip(m, self.limits) for m in members}
+            g.roster = (generation, frozenset(g.round_expected), now)
         self._member(g, member_id, now)
 
     def sync_response(self, group_id: str, member_id: str, generation: int, error_code: int,
@@ -244,7 +267,7 @@ class GroupTracker:
             return
         self.error(group_id, error_code, now)
         if error_code in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID):
-            g.members.pop(clip(member_id, self.limits), None)
+            self._drop(g, member_id, now)
 
     def leave(self, group_id: str, member_ids: Iterable[str], error_code: int,
               now: float) -> None:
@@ -253,7 +276,7 @@ class GroupTracker:
             return
         g = self.group(group_id, now)
         for member_id in member_ids:
-            if g.members.pop(clip(member_id, self.limits), None) is not None:
+            if self._drop(g, member_id, now):
                 g.left_since_round += 1
 
     # ------------------------------------------------------------------ KIP-848
@@ -272,10 +295,10 @@ class GroupTracker:
         if error_code != ErrorCode.NONE:
             self.error(group_id, error_code, now)
             if error_code in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH):
-                g.members.pop(clip(request_member_id, self.limits), None)
+                self._drop(g, request_member_id, now)
             return
         if request_epoch < 0:  # -1: leaving; -2: a static member leaving for now
-            if g.members.pop(clip(request_member_id, self.limits), None) is not None:
+            if self._drop(g, request_member_id, now):
                 self._start_round(g, now, "member left")
                 g.left_since_round += 1
             self._check_epochs(g, now)
@@ -319,7 +342,8 @@ class GroupTracker:
             while len(g.committed) > cap:
                 g.committed.popitem(last=False)
 
-    def high_watermarks(self, marks: Iterable[tuple[str, int, int]]) -> None:
+    def high_watermarks(self, marks: Iterable[tuple[str, int, int]],
+                        now: float = 0.0) -> None:
         wm = self.watermarks
         cap = self.limits.max_partitions
         for topic, partition, hwm in marks:
@@ -327,9 +351,10 @@ class GroupTracker:
                 continue
             key = (clip(topic, self.limits), partition)
             wm[key] = hwm
+            self.watermark_at[key] = now
             wm.move_to_end(key)
             while len(wm) > cap:
-                wm.popitem(last=False)
+                self.watermark_at.pop(wm.popitem(last=False)[0], None)
 
     # ------------------------------------------------------------------ reading
 
@@ -343,6 +368,8 @@ class GroupTracker:
                 del g.members[gone]
             for key2 in [k for k, (_, t) in g.committed.items() if t < horizon]:
                 del g.committed[key2]
+            for gone in [k for k, t in g.departed.items() if t < horizon]:
+                del g.departed[gone]
 
     def lag(self, g: Group) -> list[tuple[str, int, int]]:
         """(topic, partition, lag) where both a commit and a high watermark were seen."""

@@ -82,6 +82,8 @@ class ClientInstance:
     # done, its next push waits behind them, so that pushes are ingested in order.
     paced: int = 0
     last_push: LastPush | None = None
+    pushed_ms: int = 0  # when a push of it was last accepted (several workers compare it)
+    asked: bool = False  # it sent a Get or a push here since it was (re)made
 
     @property
     def size(self) -> int:
@@ -94,14 +96,18 @@ class ClientInstance:
         return max(60_000, 3 * self.resolved.interval_ms)
 
     def may_get(self, now: int) -> bool:
-        if now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms:
+        first, self.asked = not self.asked, True
+        if first or now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms:
             self.last_get_ms = now
             return True
         return False
 
     def may_push(self, now: int) -> bool:
-        # The first push after a Get may come early: clients add jitter to it.
-        ok = self.last_get_ms > self.last_push_ms or (
+        # The first push after a Get may come early: clients add jitter to it. So may
+        # the first request of an instance new here, as at a broker (whose clock starts
+        # at the epoch): its Get went to another worker, or to this one before a restart.
+        first, self.asked = not self.asked, True
+        ok = first or self.last_get_ms > self.last_push_ms or (
             now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms)
         if ok:
             self.last_push_ms = now
@@ -284,6 +290,7 @@ class TelemetryState:
                     metrics: list[otlp.ResourceMetrics]) -> PushResult:
         inst = pending.instance
         inst.last_error = NONE
+        inst.pushed_ms = max(inst.pushed_ms, pending.now)
         if pending.terminating:
             # Its last push: keep the values for a scrape or two, then let it expire.
             inst.last_seen_ms = pending.now - inst.expires_after_ms + 2 * 60_000

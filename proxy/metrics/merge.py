@@ -13,7 +13,12 @@ name and labels are combined by what they mean:
 - client telemetry (every family not named ``kproxy_*``): a client's series live in
   the worker that holds its connection, and in two workers only after it reconnected
   to another one; clients push cumulative values by default, so the highest is the
-  newest. One line per series either way: no duplicates.
+  newest (with delta temporality, ``sum_clients``: each worker holds the deltas it
+  received, so they add up). One line per series either way: no duplicates.
+
+``kproxy.metrics.worker_merge`` picks the lines this combines: a client instance's
+from the worker with its newest push, the consumer-group families merged from the
+workers' facts, and the carried values that keep counters from going backwards.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ MAX_GAUGES = frozenset({"kproxy_topology_epoch", "kproxy_backend_brokers",
 MIN_GAUGES = frozenset({"kproxy_ready"})
 # Counters of one event every worker sees for itself (a backend change, a reload on
 # SIGHUP): the proxy saw it once, so the highest count, as one process would show.
-SHARED_EVENT_COUNTERS = frozenset({"kproxy_topology_changes", "kproxy_config_reloads"})
+# (The text format names a counter's family after its samples, ``_total`` included;
+# OpenMetrics without it.)
+SHARED_EVENT_COUNTERS = frozenset({"kproxy_topology_changes", "kproxy_topology_changes_total",
+                                   "kproxy_config_reloads", "kproxy_config_reloads_total"})
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created", "_info")
 
@@ -44,10 +52,13 @@ def _family(sample: str, types: dict[str, str]) -> str:
     return sample
 
 
-def _combine(family: str, sample: str, values: list[float]) -> float:
+def _combine(family: str, sample: str, kind: str, values: list[float],
+             sum_clients: bool) -> float:
     if sample.endswith("_created"):
         return min(values)  # when the first worker's series began
     if not family.startswith("kproxy_"):
+        if sum_clients and kind in ("counter", "histogram", "summary"):
+            return sum(values)  # delta temporality: each worker's deltas
         return max(values)  # client telemetry: the newest cumulative value
     if family in MAX_GAUGES or family in SHARED_EVENT_COUNTERS:
         return max(values)
@@ -56,7 +67,7 @@ def _combine(family: str, sample: str, values: list[float]) -> float:
     return sum(values)
 
 
-def merge_expositions(texts: Iterable[str]) -> str:
+def merge_expositions(texts: Iterable[str], sum_clients: bool = False) -> str:
     """One Prometheus text exposition out of several, each series once."""
     help_: dict[str, str] = {}
     types: dict[str, str] = {}
@@ -93,8 +104,10 @@ def merge_expositions(texts: Iterable[str]) -> str:
             out.append(f"# HELP {family} {help_[family]}")
         if family in types:
             out.append(f"# TYPE {family} {types[family]}")
+        kind = types.get(family, "untyped")
         for (sample, labels), values in series[family].items():
-            out.append(f"{sample}{labels} {_format(_combine(family, sample, values))}")
+            value = _combine(family, sample, kind, values, sum_clients)
+            out.append(f"{sample}{labels} {_format(value)}")
     return "\n".join(out) + "\n"
 
 

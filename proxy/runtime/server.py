@@ -24,12 +24,15 @@ from kproxy.codecs import api_keys
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
 from kproxy.http.routes import routes
-from kproxy.http.server import HttpServer
+from kproxy.http.server import Handler, HttpServer
 from kproxy.logs import RateLimitedLog
 from kproxy.memory import MemoryBudget
 from kproxy.metrics.exposition import Exposition
+from kproxy.metrics.group_merge import group_facts
 from kproxy.metrics.groups import GroupService
 from kproxy.metrics.proxy_metrics import ProxyMetrics
+from kproxy.metrics.telemetry_merge import telemetry_facts
+from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, standard_handlers
@@ -170,7 +173,8 @@ class Proxy:
                                     self._bootstrap_scope)
                 http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
                 self.http_port = http[0].socket.getsockname()[1]
-                services.start_soon(trio.serve_listeners, HttpServer(routes(self)).handle, http)
+                services.start_soon(trio.serve_listeners, HttpServer(
+                    {**routes(self), "/internal/facts": self._facts()}).handle, http)
                 await self.discover_once()
                 services.start_soon(self._discovery_loop)
                 if self.otlp is not None:
@@ -272,6 +276,13 @@ class Proxy:
         while True:
             await trio.sleep(self.config.discovery_interval)
             await self.discover_once()
+
+    def _facts(self) -> Handler:
+        """``/internal/facts``: what a supervisor merges over workers (``worker_merge``)."""
+        groups, tele = self.groups, self.telemetry
+        return facts_route(
+            (lambda: group_facts(groups.tracker, time.monotonic())) if groups else None,
+            (lambda: telemetry_facts(tele.state)) if tele else None)
 
     def ready(self) -> tuple[bool, str]:
         last = self.backend.last_discovery

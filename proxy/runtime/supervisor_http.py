@@ -30,7 +30,6 @@ from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.http.status_merge import WorkerInfo, merge
 from kproxy.http.status_page import render
 from kproxy.metrics.exposition import GZIP_LEVEL, _collector_paused
-from kproxy.metrics.merge import merge_expositions
 
 if TYPE_CHECKING:
     from kproxy.runtime.workers import Supervisor
@@ -148,6 +147,14 @@ def own_metrics(sup: Supervisor, scraped: int, open_metrics: bool) -> str:
     return generate_latest(registry).decode()
 
 
+def _json(body: bytes) -> dict[str, Any] | None:
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def _gzip(data: bytes) -> bytes:
     packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
     return packer.compress(data) + packer.flush()
@@ -158,18 +165,20 @@ async def metrics(sup: Supervisor, req: HttpRequest) -> HttpResponse:
     open_metrics = OPENMETRICS in req.headers.get("accept", "")
     asked = {"accept": f"{OPENMETRICS}; version=1.0.0"} if open_metrics else {}
     answers = await ask_all(sup, "/metrics", asked)
-    texts = [body.decode("utf-8", "replace") for status, body in answers if status == 200]
-    if open_metrics:
-        texts = [t.removesuffix(_EOF) for t in texts]
-    own = own_metrics(sup, len(texts), open_metrics)
+    facts = [_json(body) if status == 200 else None
+             for status, body in await ask_all(sup, "/internal/facts")]
+    texts = [body.decode("utf-8", "replace").removesuffix(_EOF) if status == 200 else None
+             for status, body in answers]
+    own = own_metrics(sup, sum(t is not None for t in texts), open_metrics)
+    epochs = [w.restarts for w in sup.workers]
 
     def produce() -> bytes:
         # No cyclic collection while the merge builds a dict entry per series: at
         # 250,000 series the young-generation passes over those containers took
         # about a third of the merge's time. Nothing else runs here to need them.
         with _collector_paused():
-            body = merge_expositions([*texts, own]) + (_EOF if open_metrics else "")
-            return body.encode()
+            body = sup.merger.merge(texts, facts, epochs, own, time.monotonic())
+            return (body + (_EOF if open_metrics else "")).encode()
 
     body = await trio.to_thread.run_sync(produce)
     headers = []

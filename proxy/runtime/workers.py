@@ -8,11 +8,12 @@ dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT a
 every worker to drain and waits for them; a second SIGTERM/SIGINT kills them (stop
 now). Workers run in their own session (``kproxy.runtime.worker_link``), so a signal
 to the supervisor's process group reaches them once, through the supervisor. It
-serves the configured HTTP address itself: ``/metrics`` is every worker's exposition
-combined into one (``kproxy.metrics.merge``), ``/`` and ``/status.json`` every
-worker's status merged (``kproxy.runtime.supervisor_http``), ``/readyz`` is ready
-while any worker is ready (a dead worker's listener is closed, so no connection
-reaches it), and
+serves the configured HTTP address itself (``kproxy.runtime.supervisor_http``):
+``/metrics`` is every worker's exposition combined into one, with their facts
+(``/internal/facts``: groups, telemetry instances) merged into one group model and
+one series per client instance (``kproxy.metrics.worker_merge``); ``/`` and
+``/status.json`` every worker's status merged; ``/readyz`` is ready while any worker
+is ready (a dead worker's listener is closed, so no connection reaches it); and
 ``/admin/rebootstrap`` is passed to every worker.
 
 Nothing is shared between workers but the ports: a client connection and its
@@ -36,6 +37,8 @@ import trio
 from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
+from kproxy.metrics.worker_merge import WorkerMerge
+from kproxy.policies.groups import GroupLimits
 from kproxy.runtime import supervisor_http, worker_link
 from kproxy.runtime.admission_hub import AdmissionHub, channel_pair, worker_flags
 
@@ -84,6 +87,7 @@ class Supervisor:
         self.exit_code = 0
         self._stop = trio.Event()
         self._limiter = trio.CapacityLimiter(max(4, count))
+        self.merger = WorkerMerge(GroupLimits(cfg.group_max_groups, cfg.group_max_members))
         # The one count of open connections across workers (kproxy.runtime.admission_hub).
         self.hub = AdmissionHub(cfg.max_connections, cfg.max_connections_per_source)
 

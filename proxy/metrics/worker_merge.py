@@ -1,0 +1,213 @@
+"""The supervisor's /metrics: workers' expositions and facts, merged by the documented rules.
+
+``kproxy.metrics.merge`` combines series line by line; this adds what needs memory or
+the workers' facts (``/internal/facts``): the consumer-group families come from
+``group_merge``, a client instance's series from the worker with its newest push
+(``telemetry_merge``), and ``CounterFloors`` keep every summed counter from going
+backwards when a worker restarts or a share of a series vanishes from one worker.
+The merge does no I/O (the time is passed in); ``facts_route`` is the workers' side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from kproxy.http.server import Handler, HttpRequest, HttpResponse
+from kproxy.metrics import group_merge, telemetry_merge
+from kproxy.metrics.exposition import value_text
+from kproxy.metrics.merge import merge_expositions
+from kproxy.policies.groups import GroupLimits
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total")
+CARRY_KEEP_S = 600.0  # a vanished series' carried value is kept this long for its return
+INSTANCES = "kproxy_telemetry_client_instances"
+MAX_CARRIED = 100_000  # carried values kept at most (oldest first out)
+Key = tuple[str, str]  # (sample name, label text)
+
+
+class CounterFloors:
+    """Per worker, the last value of each summed counter sample; what a worker lost
+    (a restart, a share of a series that expired there) is carried, so the sum never
+    goes backwards while the series lives on in some worker."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, dict[Key, float]] = {}
+        self.epoch: dict[int, int] = {}
+        self.carried: OrderedDict[Key, tuple[float, float]] = OrderedDict()  # (value, at)
+
+    def _carry(self, key: Key, value: float, now: float) -> None:
+        held = self.carried.pop(key, (0.0, now))[0]
+        self.carried[key] = (held + value, now)
+        while len(self.carried) > MAX_CARRIED:
+            self.carried.popitem(last=False)
+
+    def worker(self, index: int, epoch: int, samples: dict[Key, float], now: float) -> None:
+        """One worker's counter samples this scrape; ``epoch`` changes when it restarts."""
+        last = self.last.get(index, {})
+        restarted = self.epoch.get(index, epoch) != epoch
+        self.epoch[index] = epoch
+        for key, before in last.items():
+            value = samples.get(key)
+            if restarted or value is None or value < before:
+                self._carry(key, before, now)
+        self.last[index] = dict(samples)
+
+    def lines(self, present: set[Key], now: float) -> list[str]:
+        """The carried values of series some worker still reports; old ones dropped."""
+        for key in [k for k, (_, at) in self.carried.items() if now - at > CARRY_KEEP_S
+                    and k not in present]:
+            del self.carried[key]
+        out = []
+        for key, (value, _) in self.carried.items():
+            if key in present:
+                self.carried[key] = (value, now)
+                out.append(f"{key[0]}{key[1]} {value_text(value)}")
+        return out
+
+
+class WorkerMerge:
+    def __init__(self, limits: GroupLimits | None = None) -> None:
+        self.groups = group_merge.GroupMerge(limits)
+        self.floors = CounterFloors()
+        self._lock = threading.Lock()  # scrapes merge on threads; one at a time
+        # Cumulative client counters: the highest value served, per series, so that one
+        # never goes backwards when the worker with an instance's newest push goes away
+        # and an older push is all that is left (kept while some worker reports it).
+        self.highest: dict[Key, float] = {}
+        # The merged groups of the last scrape, for a status page to show.
+        self.last_groups: list[group_merge.MergedGroup] = []
+
+    def merge(self, texts: list[str | None], facts: list[dict[str, Any] | None],
+              epochs: list[int], own: str, now: float) -> str:
+        """``texts`` and ``facts`` per worker (None: not answered), ``epochs`` its restarts."""
+        with self._lock:
+            return self._merge(texts, facts, epochs, own, now)
+
+    def _merge(self, texts: list[str | None], facts: list[dict[str, Any] | None],
+               epochs: list[int], own: str, now: float) -> str:
+        tele = [(f or {}).get("telemetry") for f in facts]
+        delta = telemetry_merge.delta(tele)
+        won = telemetry_merge.winners(tele)
+        group_facts = [f for f in facts if f and "groups" in f]
+        replaced = set(group_merge.FAMILIES) if group_facts else set()
+        extra: list[str] = []
+        if all(tele[i] is not None for i, t in enumerate(texts) if t is not None) and any(tele):
+            # Instances remembered: each once, however many workers remember it.
+            replaced.add(INSTANCES)
+            extra.append(f"# HELP {INSTANCES} Client instances remembered (each once)\n"
+                         f"# TYPE {INSTANCES} gauge\n{INSTANCES} {len(won)}\n")
+        kept: list[str] = []
+        present: set[Key] = set()
+        highest: dict[Key, float] = {}
+        for index, text in enumerate(texts):
+            if text is None:
+                continue
+            lines, counters = _filter(index, text, won, delta, replaced,
+                                      (self.highest, highest))
+            self.floors.worker(index, epochs[index], counters, now)
+            present.update(counters)
+            kept.append(lines)
+        self.highest = highest
+        carry = "\n".join(self.floors.lines(present, now))
+        if carry:
+            extra.append(carry + "\n")
+        if group_facts:
+            self.last_groups = self.groups.merge(group_facts, now)
+            extra.append(self.groups.exposition(self.last_groups))
+        return merge_expositions([*kept, *extra, own], sum_clients=delta)
+
+
+def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: set[str],
+            highest: tuple[dict[Key, float], dict[Key, float]]
+            ) -> tuple[str, dict[Key, float]]:
+    """A worker's exposition without what another source replaces, cumulative client
+    counters at least as high as served before (``highest``: before, now); its summed
+    counters."""
+    types: dict[str, str] = {}
+    out: list[str] = []
+    counters: dict[Key, float] = {}
+    # Per sample name, decided once: None (left out), or (additive, client).
+    decided: dict[str, tuple[bool, bool] | None] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) == 4 and parts[1] == "TYPE":
+                types[parts[2]] = parts[3]
+                decided.clear()
+            if len(parts) > 2 and _base(parts[2]) in replaced:
+                continue
+            out.append(line)
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        sample = match.group(1)
+        if sample in decided:
+            how = decided[sample]
+        else:
+            family = _family(sample, types)
+            kind = types.get(family, "untyped")
+            how = decided[sample] = None if _base(family) in replaced else (
+                kind in ("counter", "histogram", "summary") and not sample.endswith("_created"),
+                not family.startswith("kproxy_"))
+        if how is None:
+            continue
+        additive, client = how
+        if not additive and not client:
+            out.append(line)
+            continue
+        labels = match.group(2) or ""
+        if client and not telemetry_merge.keep(index, labels, won, additive and delta):
+            continue
+        if additive and (delta or not client):
+            with contextlib.suppress(ValueError):
+                counters[(sample, labels)] = float(match.group(3))
+        elif additive:
+            with contextlib.suppress(ValueError):
+                key, value = (sample, labels), float(match.group(3))
+                top = max(value, highest[0].get(key, value), highest[1].get(key, value))
+                highest[1][key] = top
+                if top != value:
+                    line = f"{sample}{labels} {value_text(top)}"
+        out.append(line)
+    return "\n".join(out) + "\n", counters
+
+
+def _base(family: str) -> str:
+    """A family's name without the suffix the text format gives a counter's header and a
+    family's ``_created`` timestamps."""
+    return family.removesuffix("_total").removesuffix("_created")
+
+
+def _family(sample: str, types: dict[str, str]) -> str:
+    if sample in types:
+        return sample
+    for suffix in _SUFFIXES:
+        if sample.endswith(suffix) and sample[: -len(suffix)] in types:
+            return sample[: -len(suffix)]
+    return sample
+
+
+def facts_route(groups: Callable[[], dict[str, Any]] | None,
+                telemetry: Callable[[], dict[str, Any]] | None) -> Handler:
+    """A worker's ``/internal/facts``: what the supervisor merges (JSON)."""
+    async def facts(req: HttpRequest) -> HttpResponse:
+        body: dict[str, Any] = {}
+        if groups is not None:
+            body.update(groups())
+        if telemetry is not None:
+            body["telemetry"] = telemetry()
+        # Encoded on a thread: the lists are this moment's copies, the loop goes on.
+        text = await trio.to_thread.run_sync(
+            lambda: json.dumps(body, separators=(",", ":")).encode())
+        return HttpResponse(200, text, "application/json")
+    return facts
