@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import signal
 import socket
 import struct
@@ -168,6 +169,16 @@ class KproxyProcess:
         except urllib.error.URLError:
             return 0
 
+    def all_ready(self) -> bool:
+        """Ready, and with workers every one of them ("2/2 workers ready"): a test
+        starts once the whole proxy serves, not the first worker."""
+        try:
+            status, body = self.http_get("/readyz")
+        except urllib.error.URLError:
+            return False
+        counts = re.match(r"(\d+)/(\d+) workers ready", body)
+        return status == 200 and (counts is None or counts[1] == counts[2])
+
     def http_get(self, path: str, timeout: float = 5) -> tuple[int, str]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}",
@@ -189,12 +200,15 @@ class KproxyProcess:
 
 
 def worker_pids(supervisor: int) -> list[int]:
-    """The child processes of ``supervisor`` (its workers), from /proc."""
-    try:
-        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text()
-    except OSError:
-        return []
-    return [int(pid) for pid in children.split()]
+    """The child processes of ``supervisor`` (its workers), from /proc: the children of
+    each of its threads (trio starts processes from a worker thread)."""
+    pids: list[int] = []
+    for task in Path(f"/proc/{supervisor}/task").glob("*"):
+        try:
+            pids += [int(pid) for pid in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return sorted(set(pids))
 
 
 def metric_value(text: str, sample: str) -> float:
@@ -236,7 +250,7 @@ def kproxy_process(upstream: str | None, tmp_path: Path, *extra: str,
         if not wait_for_port("127.0.0.1", bootstrap, 60):
             raise RuntimeError(f"kproxy did not start:\n{kp.log()}")
         deadline = time.monotonic() + 60  # a loaded machine starts Python slowly
-        while kp.ready_status() != 200 and time.monotonic() < deadline:
+        while not kp.all_ready() and time.monotonic() < deadline:
             time.sleep(0.1)
         yield kp
     finally:

@@ -163,11 +163,13 @@ class AdmissionHub:
     # ------------------------------------------------------------------ reporting
 
     def effective_max(self) -> int:
-        """max_connections, or fewer when the live workers' descriptors hold fewer."""
-        fits = [ledger.fd_connections for ledger in self.ledgers.values()]
-        if not fits or any(f is None for f in fits):
+        """max_connections, or fewer when the live workers' descriptors hold fewer. A
+        worker that has not said hello yet holds no connection and adds nothing."""
+        fits = [ledger.fd_connections for ledger in self.ledgers.values()
+                if ledger.fd_connections is not None]
+        if not fits:
             return self.max_connections
-        return min(self.max_connections, sum(f for f in fits if f is not None))
+        return min(self.max_connections, sum(fits))
 
     def limit_rows(self) -> list[dict[str, Any]]:
         """The global connection limits, shaped as the status page's ``limits`` rows

@@ -17,7 +17,7 @@ import pytest
 from kproxy.embedded_broker import TansuBroker
 from kproxy.metrics.merge import merge_expositions
 
-from ..support import kproxy_process
+from ..support import kproxy_process, worker_pids
 
 
 def test_merge_sums_shares_and_keeps_one_line_per_series() -> None:
@@ -45,11 +45,6 @@ def _metric(text: str, line_start: str) -> float:
                if line.startswith(line_start))
 
 
-def _worker_pids(supervisor: int) -> list[int]:
-    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
-    return [int(pid) for pid in children]
-
-
 @pytest.mark.broker
 def test_two_workers_survive_one_killed_mid_traffic(tansu: TansuBroker,
                                                     tmp_path: Path) -> None:
@@ -60,7 +55,7 @@ def test_two_workers_survive_one_killed_mid_traffic(tansu: TansuBroker,
     admin.create_topics([NewTopic("w", num_partitions=1)])["w"].result(30)
     with kproxy_process(tansu.bootstrap, tmp_path, "--workers", "2") as kp:
         deadline = time.monotonic() + 60
-        while len(_worker_pids(kp.process.pid)) < 2:
+        while len(worker_pids(kp.process.pid)) < 2:
             assert time.monotonic() < deadline, "two workers did not start"
             time.sleep(0.1)
         producer = Producer({"bootstrap.servers": kp.bootstrap, "enable.idempotence": True,
@@ -85,7 +80,7 @@ def test_two_workers_survive_one_killed_mid_traffic(tansu: TansuBroker,
                     consumed += 1
 
         traffic(300, 0)
-        victim = _worker_pids(kp.process.pid)[0]
+        victim = worker_pids(kp.process.pid)[0]
         os.kill(victim, signal.SIGKILL)
         traffic(300, 300)
         assert producer.flush(90) == 0 and not failed, failed[:3]
@@ -99,7 +94,7 @@ def test_two_workers_survive_one_killed_mid_traffic(tansu: TansuBroker,
         # The supervisor started a new worker in place of the killed one.
         deadline = time.monotonic() + 60
         while True:
-            pids = _worker_pids(kp.process.pid)
+            pids = worker_pids(kp.process.pid)
             if len(pids) == 2 and victim not in pids:
                 break
             assert time.monotonic() < deadline, "the killed worker was not replaced"

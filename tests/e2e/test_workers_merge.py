@@ -32,7 +32,7 @@ from kproxy.embedded_broker import TansuBroker
 
 from ..fake_otlp_collector import fake_collector
 from ..hostile_pusher import Conn
-from ..support import KproxyProcess, kproxy_process
+from ..support import KproxyProcess, kproxy_process, worker_pids
 
 pytestmark = pytest.mark.broker
 SAMPLE = re.compile(r"^(?P<series>[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?) (?P<value>\S+)$")
@@ -57,7 +57,7 @@ def workers(kp: KproxyProcess, count: int = 2) -> dict[int, int]:
     """Each worker's HTTP port and pid, once all have started and are ready."""
     deadline = time.monotonic() + 60
     while True:
-        pids = Path(f"/proc/{kp.process.pid}/task/{kp.process.pid}/children").read_text().split()
+        pids = worker_pids(kp.process.pid)
         ports = {}
         for pid in pids:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
