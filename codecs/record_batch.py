@@ -142,13 +142,8 @@ def _count(r: Reader) -> int:
     return n
 
 
-def encode_batch(values: list[tuple[bytes | None, bytes | None]], compression: int = 0,
-                 compressed: bytes | None = None) -> bytes:
-    """A magic-2 batch of these (key, value) records, for tests and the bench's stand-in
-    producers. ``compressed`` replaces the compressed record bytes (a crafted bomb).
-    The CRC is computed; offsets, timestamps and producer fields are zero."""
-    from kproxy.codecs.compression import compress
-    from kproxy.codecs.crc32c import crc32c
+def encode_records(values: list[tuple[bytes | None, bytes | None]]) -> bytes:
+    """The records part of a batch (what a codec compresses), for tests and stand-ins."""
     from kproxy.codecs.primitives import Writer
 
     body = Writer()
@@ -166,7 +161,19 @@ def encode_batch(values: list[tuple[bytes | None, bytes | None]], compression: i
         rec.varint(0)
         body.varint(len(rec.out))
         body.raw(rec.out)
-    payload = compressed if compressed is not None else compress(compression, body.getvalue())
+    return body.getvalue()
+
+
+def encode_batch(values: list[tuple[bytes | None, bytes | None]], compression: int = 0,
+                 compressed: bytes | None = None) -> bytes:
+    """A magic-2 batch of these (key, value) records, for tests and the bench's stand-in
+    producers. ``compressed`` replaces the compressed record bytes (a crafted bomb).
+    The CRC is computed; offsets, timestamps and producer fields are zero."""
+    from kproxy.codecs.compression import compress
+    from kproxy.codecs.crc32c import crc32c
+
+    payload = (compressed if compressed is not None
+               else compress(compression, encode_records(values)))
     tail = struct.pack(">hiqqqhii", compression, max(len(values) - 1, 0), 0, 0, -1, -1, -1,
                        len(values)) + payload
     head = struct.pack(">qiib", 0, len(tail) + 9, 0, 2)
