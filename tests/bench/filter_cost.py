@@ -21,8 +21,8 @@ from kproxy.embedded_broker import TansuBroker
 from kproxy.policies.filters.record_validation import RecordValidation, json_check, load_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.bench.bench_measure import Path_  # noqa: E402
-from tests.support import kproxy_process  # noqa: E402
+from tests.bench.bench_measure import Path_
+from tests.support import kproxy_process
 
 SCHEMA = {"type": "object", "required": ["id", "name", "tags"],
           "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
