@@ -15,7 +15,7 @@ them. Everything without a handler is relayed as bytes (responses cut through).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,12 +40,19 @@ class ClientInfo:
 # ----------------------------------------------------------------------------- decisions
 
 
+# What a filter that changed a request does to its response: given the response (header
+# included, no size prefix) at the client's version, the response to send instead.
+FollowUp = Callable[[memoryview, int], bytes]
+
+
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Send this request upstream as ``body`` (header included, no size prefix)."""
+    """Send this request upstream as ``body`` (header included, no size prefix); with
+    ``then``, its response is passed through ``then`` before the client sees it."""
 
     body: bytes
     upstream_version: int
+    then: FollowUp | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +134,8 @@ class ConnectionState:
     # Slots: one per open connection; weak references for the status page's push times.
     __slots__ = ("__weakref__", "_observers", "_requests", "_responses",
                  "api_versions_used", "authenticated", "backend_metadata_max",
-                 "connected_epoch", "handlers", "info", "listener", "metadata_version",
-                 "node_id", "pending", "shared", "topology_epoch", "upstream")
+                 "connected_epoch", "follow_ups", "handlers", "info", "listener",
+                 "metadata_version", "node_id", "pending", "shared", "topology_epoch", "upstream")
 
     def __init__(self, shared: ProxyState, handlers: Handlers, listener: str,
                  node_id: int | None, peer: tuple[str, int]) -> None:
@@ -149,6 +156,16 @@ class ConnectionState:
         # Requests a handler keeps until their response, by correlation id (bounded by
         # the handler): group tracking needs the request's group id at the response.
         self.pending: dict[int, tuple[int, dict[str, Any]]] = {}
+        # Responses a filter rewrites (``Forward.then``), by correlation id: one per
+        # request in flight at most, so bounded by max_inflight.
+        self.follow_ups: dict[int, tuple[int, FollowUp]] = {}
+        self._requests = handlers.requests
+        self._responses = handlers.responses
+        self._observers = handlers.observers
+
+    def set_handlers(self, handlers: Handlers) -> None:
+        """A reloaded filter chain: this connection's next frames go through it."""
+        self.handlers = handlers
         self._requests = handlers.requests
         self._responses = handlers.responses
         self._observers = handlers.observers
@@ -163,7 +180,16 @@ class ConnectionState:
         if peek.client_id is not None:
             self.info.client_id = peek.client_id
         handler = self._requests.get(peek.api_key)
-        return None if handler is None else handler.request(self, peek, body)
+        if handler is None:
+            return None
+        decision = handler.request(self, peek, body)
+        if (isinstance(decision, Forward) and decision.then is not None
+                and peek.expects_response):  # acks=0: no response to follow
+            if peek.correlation_id in self.follow_ups:
+                return Close("correlation id reused in flight", "protocol", "a client reused "
+                             "a correlation id still in flight; connection closed")
+            self.follow_ups[peek.correlation_id] = (peek.api_key, decision.then)
+        return decision
 
     def handles_request(self, api_key: int) -> bool:
         """Whether a handler reads requests of ``api_key`` (else they may go as bytes)."""
@@ -172,12 +198,23 @@ class ConnectionState:
     def wants_response(self, api_key: int, api_version: int) -> bool:
         """Whether a response must be seen whole; every other one is relayed as bytes."""
         handler = self._responses.get(api_key)
-        return handler is not None and handler.wants(api_version)
+        if handler is not None and handler.wants(api_version):
+            return True
+        return bool(self.follow_ups) and any(
+            key == api_key for key, _ in self.follow_ups.values())
 
     def response(self, api_key: int, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
         """A whole response to a request of ``api_key``/``api_version`` (``wants_response``)."""
-        return self._responses[api_key].response(self, api_version, upstream_version, body)
+        handler = self._responses.get(api_key)
+        handled = (handler.response(self, api_version, upstream_version, body)
+                   if handler is not None and handler.wants(api_version) else Handled())
+        if self.follow_ups:
+            follow = self.follow_ups.pop(int.from_bytes(body[:4], "big", signed=True), None)
+            if follow is not None:
+                current = body if handled.body is None else memoryview(handled.body)
+                handled.body = follow[1](current, api_version)
+        return handled
 
     def observe(self, api_key: int, api_version: int, body: memoryview) -> None:
         """A whole response relayed as bytes (no handler wanted it)."""

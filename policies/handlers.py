@@ -35,6 +35,7 @@ from kproxy.policies.connection import (
     ResponseHandler,
     ResponseObserver,
 )
+from kproxy.policies.filters.chain import BuiltinFilter
 from kproxy.policies.group_handlers import (
     GROUP_APIS,
     FetchWatermarks,
@@ -235,6 +236,21 @@ class SaslAuthenticateResponse:
         conn.authenticated = peek_response_error(
             body, api_keys.SASL_AUTHENTICATE, api_version) == ErrorCode.NONE
         return Handled()
+
+
+def builtin_filters(local: dict[int, LocalHandler] | None = None,
+                    groups: GroupWatch | None = None) -> list[BuiltinFilter]:
+    """The handlers as the filter chain's built-in filters: the Kafka protocol (ApiVersions,
+    Metadata, addresses, SASL, and group tracking when on), and the local answers."""
+    core = standard_handlers(None, groups)
+    out = [BuiltinFilter("kafka-protocol", core, "ApiVersions caps, Metadata v13 bridge, "
+                         "broker addresses rewritten, SASL noted"
+                         + (", consumer groups observed" if groups is not None else ""))]
+    if local:
+        out.append(BuiltinFilter("local-answers", Handlers(
+            {key: LocalRequest(answer) for key, answer in local.items()}),
+            "requests the proxy answers itself (KIP-714 telemetry)"))
+    return out
 
 
 def standard_handlers(local: dict[int, LocalHandler] | None = None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kproxy.config.filters import TOP_LEVEL_KEYS, FilterSettings, filter_settings
 from kproxy.config.options import (
     OPTIONS,
     OPTIONS_BY_NAME,
@@ -114,6 +115,7 @@ class Config:
     group_tracking: bool = True
     group_max_groups: int = 1_000
     group_max_members: int = 1_000
+    filters: FilterSettings = field(default_factory=FilterSettings)
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
@@ -193,7 +195,9 @@ def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     values: dict[tuple[str, ...], Any] = {}
     tables: dict[str, Any] = {}
     for key, value in data.items():
-        if isinstance(value, dict):
+        if key in TOP_LEVEL_KEYS:  # [[filters]], default_filters, [[virtual_clusters]]
+            tables[key] = value
+        elif isinstance(value, dict):
             tables[key] = value
             _read_table(path, (key,), value, known, values)
         elif (key,) in known:
@@ -254,7 +258,8 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         "advertised_host": advertised, "broker_port_base": base,
         "broker_bind_host": v["broker_bind_host"] or listen_host,
         "broker_bind_port_base": bind_base, "archive": v["archive"] or None,
-        "telemetry": _telemetry_config(v, extra, path), "source": path, "extra": extra})
+        "telemetry": _telemetry_config(v, extra, path), "source": path, "extra": extra,
+        "filters": filter_settings(extra, path)})
     _check_security(cfg)
     try:
         pm = cfg.port_map

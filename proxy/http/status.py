@@ -151,6 +151,7 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
         "backend": _backend(proxy),
         "clients": clients,
         "telemetry": _telemetry(proxy),
+        "filters": proxy.chain.describe(),
         "limits": _limits(proxy),
         # One process: its own line (with --workers N the supervisor lists every worker).
         "workers": [{"index": 0, "pid": os.getpid(), "http_port": proxy.http_port,

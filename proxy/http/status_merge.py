@@ -74,6 +74,7 @@ def merge(snapshots: Sequence[dict[str, Any] | None], workers: Sequence[WorkerIn
         "backend": _backend(got),
         "clients": merge_clients([s["clients"] for s in got]),
         "telemetry": _telemetry([s["telemetry"] for s in got]),
+        "filters": merge_filters([s.get("filters") or [] for s in got]),
         "limits": _with_global_rows(global_limits(got), limits or []),
         "workers": rows,
     }
@@ -236,3 +237,19 @@ def _telemetry(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "retrying": any(x["retrying"] for x in exports),
         }
     return out
+
+
+def merge_filters(parts: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every worker runs the same chain: the first one's rows, decisions summed by filter."""
+    if not parts:
+        return []
+    rows = [dict(row, decisions=dict(row["decisions"])) for row in parts[0]]
+    by_name = {row["name"]: row for row in rows}
+    for other in parts[1:]:
+        for row in other:
+            mine = by_name.get(row["name"])
+            if mine is None:  # a worker that reloaded first: its chain differs for now
+                continue
+            for decision, n in row["decisions"].items():
+                mine["decisions"][decision] = mine["decisions"].get(decision, 0) + n
+    return rows

@@ -166,6 +166,18 @@ def _telemetry(t: dict[str, Any]) -> str:
     return "<h2>Telemetry</h2><p>" + "<br>".join(parts) + "</p>"
 
 
+def _filters(rows: list[dict[str, Any]] | None) -> str:
+    """The chain on the main listeners, client side first, and each filter's decisions."""
+    if rows is None:
+        return ""
+    out = []
+    for f in rows:
+        decisions = ", ".join(f"{e(k)} {e(v)}" for k, v in sorted(f["decisions"].items()))
+        out.append([_td(f"<code>{e(f['name'])}</code>"), _td(e(f["type"])), _td(e(f["apis"])),
+                    _td(e(f["description"])), _td(decisions or "&ndash;")])
+    return "<h2>Filters</h2>" + _table(["filter", "type", "reads", "does", "decisions"], out)
+
+
 def _workers(rows: list[dict[str, Any]] | None) -> str:
     """One line per worker process (a snapshot merged by the supervisor only)."""
     if rows is None:
@@ -199,5 +211,5 @@ def render(snap: dict[str, Any]) -> str:
         f"<code>{e(p['advertised_host'])}</code> &middot; {e(stamp)} &middot; "
         f'<a href="/status.json">status.json</a> &middot; <a href="/metrics">metrics</a></p>'
         + _backend(snap["backend"], now) + _clients(snap["clients"], now)
-        + _limits(snap["limits"]) + _telemetry(snap["telemetry"])
-        + _workers(snap.get("workers")) + "</body></html>\n")
+        + _filters(snap.get("filters")) + _limits(snap["limits"])
+        + _telemetry(snap["telemetry"]) + _workers(snap.get("workers")) + "</body></html>\n")

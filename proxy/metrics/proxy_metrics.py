@@ -22,6 +22,10 @@ class ProxyMetrics:
     def watch_budget(self, budget: BudgetFigures) -> None:
         self.registry.register(BudgetCollector(budget))
 
+    def watch_filters(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        """Configured filters' decisions, read at scrape time (plain numbers the chain keeps)."""
+        self.registry.register(FilterDecisions(counts))
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         # Per-API counts, bytes and latency: plain numbers, touched by every request.
@@ -113,3 +117,20 @@ class BudgetCollector(Collector):
         yield CounterMetricFamily("kproxy_buffer_overdrafts", "Reservations let through over "
                                   "the budget because only waiting connections held bytes",
                                   b.overdrafts)
+
+
+class FilterDecisions(Collector):
+    """``kproxy_filter_decisions_total{filter,decision}``: one per frame a configured
+    filter saw (forward, changed, answer, close, error). Filter names come from the
+    config, so the series are bounded by it."""
+
+    def __init__(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("kproxy_filter_decisions", "Decisions of the configured "
+                                     "filters, per filter and decision",
+                                     labels=["filter", "decision"])
+        for (name, decision), n in sorted(self.counts().items()):
+            family.add_metric([name, decision], n)
+        yield family

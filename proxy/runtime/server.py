@@ -34,8 +34,9 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
+from kproxy.policies.filters.chain import DecisionCounts, FilterChain
 from kproxy.policies.groups import GroupLimits
-from kproxy.policies.handlers import LocalHandler, standard_handlers
+from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.runtime import lifecycle
 from kproxy.runtime.admission import Admission
@@ -93,9 +94,13 @@ class Proxy:
         # Idle sessions wait here without a task (kproxy.session.parking); a reload's idle timeout
         # applies to them too.
         self.parking = ParkingLot(lambda: self.config.idle_timeout)
+        # The filter chain: the built-in filters, then default_filters (rebuilt at a reload).
+        self.builtins = builtin_filters(local, self.groups.watch if self.groups else None)
+        self.filter_counts = DecisionCounts()
+        metrics.watch_filters(lambda: self.filter_counts.counts)
+        self.chain = self._chain(config)
         self.services = SessionServices(
-            config, metrics, self.state,
-            standard_handlers(local, self.groups.watch if self.groups else None), self.budget,
+            config, metrics, self.state, self.chain.handlers, self.budget,
             UpstreamConnector(self.state, self.rotation, config.connect_timeout, events),
             events, self.backend, self.parking)
         self.sessions: set[Session] = set()  # open ones, parked ones included
@@ -130,6 +135,17 @@ class Proxy:
         self.admission.config = new
         self.budget.limit = new.max_buffered_bytes
         self.parking.reconfigured()
+        # Filters apply to open connections too: their next frame goes through the new
+        # chain (a response already awaited keeps its follow-up, held by the connection).
+        self.chain = self._chain(new)
+        self.services.handlers = self.chain.handlers
+        for session in self.sessions:
+            session.conn.set_handlers(self.chain.handlers)
+
+    def _chain(self, config: Config) -> FilterChain:
+        chain = FilterChain(self.builtins, config.filters.main_chain(), self.filter_counts)
+        self.state.api_caps = chain.caps(api_caps(config))
+        return chain
 
     def shutdown(self) -> None:
         self._stop.set()
