@@ -140,10 +140,11 @@ def measure(work: Path, reps: int, count: int) -> dict[str, Any]:
             rnd.shuffle(order)
             for name, side, broker, client_tls in order:
                 topic = f"tls-{rep}-{name.split(',')[0]}-{'c' if client_tls else 'u'}"
-                create_topic(broker.bootstrap, topic)
                 if client_tls:
                     os.environ["BENCH_TLS_CA"] = str(tls["ca"])
                 try:
+                    # Through the path: a broker advertises the address its clients use.
+                    create_topic(side.bootstrap, topic)
                     cpu0 = side.cpu_seconds()
                     produced = workload("produce", side.bootstrap, topic=topic, count=count,
                                         size=1024)
