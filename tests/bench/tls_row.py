@@ -138,7 +138,7 @@ def measure(work: Path, reps: int, count: int) -> dict[str, Any]:
         for rep in range(reps):
             order = sides[:]
             rnd.shuffle(order)
-            for name, side, broker, client_tls in order:
+            for name, side, _broker, client_tls in order:
                 topic = f"tls-{rep}-{name.split(',')[0]}-{'c' if client_tls else 'u'}"
                 if client_tls:
                     os.environ["BENCH_TLS_CA"] = str(tls["ca"])
