@@ -31,7 +31,7 @@ IDLE_KB = 4.0
 TELEMETRY_FACTOR = 2.0
 # The longest CPU slice a /metrics scrape held the loop for, in the report before issue 30
 # (240,020 series): "no worse than today".
-SCRAPE_SLICE_MS = 2.3
+SCRAPE_SLICE_MS = 2.32  # 2.317 measured then
 
 
 def idle_kb(path: Path_ | None, counts: list[int]) -> tuple[float, int] | None:
@@ -113,7 +113,7 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
     slices = [r["longest_slice_cpu_ms"] for r in scrape or [] if "longest_slice_cpu_ms" in r]
     longest = max(slices) if slices else None
     row("longest loop slice of a /metrics scrape, CPU (ms)", fmt(longest, 1),
-        f"<= {SCRAPE_SLICE_MS:.1f}", verdict(longest, SCRAPE_SLICE_MS, True, " ms"))
+        f"<= {SCRAPE_SLICE_MS:.2f}", verdict(longest, SCRAPE_SLICE_MS, True, " ms"))
     return ["## Targets", "",
             "| target | measured | wanted | verdict |", "|---|---|---|---|", *rows, "",
             "Each figure is the median over the repetitions of the comparison made within "
