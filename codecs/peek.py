@@ -7,6 +7,7 @@ order) and whether a Produce request wants an answer at all (``acks=0`` does not
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from kproxy.codecs.api_keys import PRODUCE, api_name, is_flexible
@@ -25,8 +26,46 @@ class RequestPeek:
     expects_response: bool
 
 
+_CONTROLLED_SHUTDOWN = 7  # v0 of it has no client id in its header
+_HEAD = struct.Struct(">hhih")  # api key, version, correlation id, client id length
+# The last client id read and its bytes: a connection sends the same one every time.
+_last_client_id: tuple[bytes, str] = (b"", "")
+
+
 def peek_request(frame: bytes | bytearray | memoryview) -> RequestPeek:
-    """Read the request header of one frame body (size prefix already removed)."""
+    """Read the request header of one frame body (size prefix already removed).
+
+    Every relayed request comes through here. The usual header (a client id of at most
+    the frame's length, no tagged fields) is read with one unpack, the client id's text
+    reused when its bytes are those of the last request; anything else takes the general
+    reader, which also explains what is wrong with a bad header."""
+    global _last_client_id
+    if len(frame) >= 10:
+        api_key, api_version, correlation_id, n = _HEAD.unpack_from(frame)
+        pos = 10 + n
+        if n >= 0 and pos <= len(frame) and (api_key != _CONTROLLED_SHUTDOWN or api_version):
+            if is_flexible(api_key, api_version):  # header v2: tagged fields follow
+                if pos >= len(frame) or frame[pos] != 0:
+                    return _peek_request(frame)
+                pos += 1
+            raw = bytes(frame[10 : 10 + n])
+            last = _last_client_id
+            if raw == last[0]:
+                client_id = last[1]
+            else:
+                try:
+                    client_id = str(raw, "utf-8")
+                except UnicodeDecodeError:
+                    return _peek_request(frame)
+                _last_client_id = (raw, client_id)
+            expects = True
+            if api_key == PRODUCE:
+                expects = produce_acks(Reader(frame, pos), api_version) != 0
+            return RequestPeek(api_key, api_version, correlation_id, client_id, pos, expects)
+    return _peek_request(frame)
+
+
+def _peek_request(frame: bytes | bytearray | memoryview) -> RequestPeek:
     r = Reader(frame)
     hdr = read_request_header(r)
     body_offset = r.pos

@@ -118,6 +118,11 @@ class Charge:
         await self.budget.reserve(1, holding=self.held)
         self.budget.give_back(1)
 
+    def room_now(self) -> bool:
+        """Whether ``wait_for_room`` would not wait: checked first on the per-request
+        path, where the budget nearly always has room, to spare the coroutine."""
+        return self.budget.fits(1)
+
     def settle(self, total: int) -> None:
         """Hold exactly ``total`` bytes; what is no longer held goes back."""
         if total < self.held:

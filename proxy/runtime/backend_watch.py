@@ -42,6 +42,7 @@ class BackendWatch:
         self.on_view_change: list[Callable[[], Awaitable[None]]] = []
         self.last_discovery: float | None = None
         self.last_change: tuple[float, str, str] | None = None  # when, reason, what
+        self._known = -1  # the brokers_known gauge's value
 
     async def observed(self, handled: Handled, conn: ConnectionState) -> None:
         """A session's response handler saw the backend (and maybe told a client)."""
@@ -64,7 +65,10 @@ class BackendWatch:
             return
         if change is not None:
             self.changed(change)
-        self.metrics.brokers_known.set(len(self.state.view.nodes))
+        known = len(self.state.view.nodes)
+        if known != self._known:  # a gauge set takes a lock: not on every response
+            self._known = known
+            self.metrics.brokers_known.set(known)
         for callback in self.on_view_change:
             await callback()
 

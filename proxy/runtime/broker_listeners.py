@@ -46,6 +46,8 @@ class BrokerListeners:
         if pm.sni is not None:
             return
         wanted = {n for n in self.state.view.nodes if pm.in_range(n)}
+        if wanted == self.scopes.keys():
+            return  # every Metadata response lands here: the usual case is no change
         for node_id in sorted(set(self.scopes) - wanted):
             self.scopes.pop(node_id).cancel()
             log.info("closed listener for departed broker", extra={"fields": {"node": node_id}})

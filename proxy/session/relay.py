@@ -212,7 +212,7 @@ async def relay_responses(session: Session, upstream: Transport) -> None:
         charge = Charge(session.services.budget)
         try:
             while True:
-                if not reader.held():
+                if not reader.held() and not charge.room_now():
                     await charge.wait_for_room()
                 n = upstream.fill_now(reader, RECV_BYTES)
                 if n is None:

@@ -306,7 +306,7 @@ class Session:
         client = self._client_io
         try:
             while not self._draining:
-                if not reader.held():
+                if not reader.held() and not charge.room_now():
                     # Between frames: wait for room in the budget before taking more.
                     # Mid-frame, never: a partial frame is only freed by completing it.
                     await charge.wait_for_room()

@@ -90,9 +90,10 @@ def launch(name: str, broker: str, work: Path, site: Path | None, extra: list[st
 
 def side_by_side(work: Path, tag: str, baseline: str, rounds: int,
                  one_round: Callable[[Path_], dict[str, float]],
-                 out: dict[str, Any]) -> dict[str, Any]:
+                 out: dict[str, Any], base_extra: list[str] | None = None) -> dict[str, Any]:
     """``one_round`` through each side per round, into ``out["current"]`` and
-    ``out["base"]``; with the commits and the proof of what ran (or an error)."""
+    ``out["base"]``; with the commits and the proof of what ran (or an error).
+    ``base_extra``: flags for the baseline (``--workers 1`` for one that knows them)."""
     out.update(baseline=baseline, current=[], base=[])
     folder = work / f"{tag}-baseline"
     try:
@@ -109,7 +110,7 @@ def side_by_side(work: Path, tag: str, baseline: str, rounds: int,
                                                     ["--workers", "1"], tag)
             sides.append(current)
             base, out["base_import"] = launch("base", broker.bootstrap, work,
-                                              folder / "site", [], tag)
+                                              folder / "site", base_extra or [], tag)
             sides.append(base)
             if (str(src.resolve()) not in out["base_import"]
                     or str(ROOT) not in out["current_import"]):

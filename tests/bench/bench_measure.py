@@ -29,7 +29,7 @@ from tests.support import broker_port_base  # noqa: E402
 from tests.support import stop_process as stop_proc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workloads import read_exactly  # noqa: E402
+from workloads import read_exactly, tls_config  # noqa: E402
 
 WORKLOADS = Path(__file__).with_name("workloads.py")
 
@@ -140,7 +140,7 @@ def parallel_workload(kind: str, bootstrap: str, topics: list[str], lead_s: floa
 def create_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **tls_config()})
     admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(30)
 
 

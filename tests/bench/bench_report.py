@@ -20,7 +20,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import admission_row
 import rebootstrap_row
 import relay_ab
+import sizing_row
+import small_request_ab
 import telemetry_ab
+import tls_row
 import workers_row
 from bench_measure import Path_
 from bench_stats import fmt, median, paired, spread
@@ -111,10 +114,14 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += workers_row.section(sections.get("workers"))
     lines += admission_row.section(sections.get("admission"))
     lines += relay_ab.section(sections.get("relay_ab"))
+    lines += small_request_ab.section(sections.get("small"))
+    lines += tls_row.section(sections.get("tls"))
+    lines += sizing_row.section(paths, n1k)
     lines += scrape_section(sections.get("scrape") or [])
     lines += rebootstrap_row.section(sections.get("rebootstrap"))
     lines += ratio_table(paths, counts, tel_ab, sections.get("workers"))
-    lines += targets(paths, counts, n1k, tel_ab)
+    lines += targets(paths, counts, n1k, tel_ab, sections.get("small"),
+                     sections.get("scrape"))
     lines.append(WHY)
     Path(args.out).write_text("\n".join(lines) + "\n" + SCALING_NOTE)
     current = telemetry_ab.summary((tel_ab or {}).get("current", []))

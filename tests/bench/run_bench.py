@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import admission_row  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
+import small_request_ab  # noqa: E402
 import telemetry_ab  # noqa: E402
+import tls_row  # noqa: E402
 import workers_row  # noqa: E402
 from bench_measure import (  # noqa: E402
     SCRAPE_SIZES,
@@ -56,7 +58,8 @@ def main() -> int:
     parser.add_argument("--only-scrape", action="store_true",
                         help="run only the /metrics scrape workload; its rows replace "
                         "those in --json and the report is rewritten from it")
-    parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission"],
+    parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission",
+                                           "small", "tls"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
@@ -201,6 +204,8 @@ def main() -> int:
     sections = {"scrape": scrapes, "telemetry_ab": measure_telemetry(args, work),
                 "workers": measure_workers(args, work, reps, n1k),
                 "relay_ab": measure_relay(args, work, reps),
+                "small": small_request_ab.measure(work, reps, 1.0 if smoke else 5.0),
+                "tls": tls_row.measure(work, reps, 2000 if smoke else 100_000),
                 "admission": admission_row.measure(work, 1 if smoke else reps,
                                                    20 if smoke else 300)}
     # The smoke run swaps once with one client: the code path, not a figure.
@@ -241,7 +246,7 @@ def report_from_json(args: argparse.Namespace) -> int:
     meta = data.pop("_meta")
     sections = {key: data.pop(key) for key in
                 ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers", "relay_ab",
-                 "admission")
+                 "admission", "small", "tls")
                 if key in data}
     alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
     if sections.get("rebootstrap") is None and alone.exists():  # --only rebootstrap
@@ -266,6 +271,16 @@ def only(args: argparse.Namespace) -> int:
         data = measure_relay(args, work, 1 if args.smoke else args.reps)
         lines, heading = relay_ab.section(data), relay_ab.HEADING
         save_section(Path(args.json), "relay_ab", data)
+    elif args.only == "small":
+        data = small_request_ab.measure(work, 1 if args.smoke else args.reps,
+                                        1.0 if args.smoke else 5.0)
+        lines, heading = small_request_ab.section(data), small_request_ab.HEADING
+        save_section(Path(args.json), "small", data)
+    elif args.only == "tls":
+        data = tls_row.measure(work, 1 if args.smoke else args.reps,
+                               2000 if args.smoke else 100_000)
+        lines, heading = tls_row.section(data), tls_row.HEADING
+        save_section(Path(args.json), "tls", data)
     elif args.only == "admission":
         data = admission_row.measure(work, 1 if args.smoke else args.reps,
                                      20 if args.smoke else 300)

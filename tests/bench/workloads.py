@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import struct
 import time
+
+
+def tls_config() -> dict[str, str]:
+    """TLS to the bootstrap server when the driver names a CA (the TLS rows)."""
+    ca = os.environ.get("BENCH_TLS_CA")
+    return {"security.protocol": "ssl", "ssl.ca.location": ca} if ca else {}
 
 
 def wait_until(start_at: float) -> None:
@@ -26,7 +33,8 @@ def produce(bootstrap: str, topic: str, count: int, size: int,
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1,
                   "queue.buffering.max.messages": 2_000_000,
-                  "queue.buffering.max.kbytes": 2_000_000, "enable.metrics.push": True})
+                  "queue.buffering.max.kbytes": 2_000_000, "enable.metrics.push": True,
+                  **tls_config()})
     value = b"x" * size
     p.produce(topic, value)
     assert p.flush(30) == 0
@@ -59,7 +67,8 @@ def consume(bootstrap: str, topic: str, expect: int, start_at: float = 0.0
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
                   "enable.partition.eof": True, "enable.auto.commit": False,
-                  "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
+                  "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760,
+                  **tls_config()})
     wait_until(start_at)  # before assign: librdkafka starts fetching on assign
     c.assign([TopicPartition(topic, 0, 0)])
     got = nbytes = 0

@@ -1,4 +1,4 @@
-"""The verdicts of `make bench`'s targets (issue 19), on made-up runs.
+"""The verdicts of `make bench`'s targets (issues 19 and 30), on made-up runs.
 
 A real run takes minutes and a smoke run's figures decide nothing, so the rules that
 turn a run's figures into "met" or "how far off" are checked here on runs whose
@@ -15,6 +15,9 @@ from bench_measure import Path_
 from bench_targets import ratio_table, targets
 
 N1K = 250_000
+SMALL_MET = {"current": [{"produce_cpu_ms": 0.15, "metadata_cpu_ms": 0.16},
+                         {"produce_cpu_ms": 0.16, "metadata_cpu_ms": 0.17}]}
+SMALL_OFF = {"current": [{"produce_cpu_ms": 0.30, "metadata_cpu_ms": 0.40}]}
 BASELINE = {"baseline_commit": "d1cc828e42f23b793e9e32bbf797f2c5a0222465",
             "current": [{"pushes_per_cpu_s": 9000.0}, {"pushes_per_cpu_s": 8000.0}],
             "base": [{"pushes_per_cpu_s": 4000.0}, {"pushes_per_cpu_s": 4200.0}]}
@@ -49,16 +52,20 @@ def verdicts(lines: list[str]) -> list[str]:
 
 
 def test_every_target_met() -> None:
-    run = paths([1.02, 0.99, 1.01], [0.10, 0.12, 0.20], 1.8, 7.0)
-    assert verdicts(targets(run, [1000], N1K, BASELINE)) == ["met"] * 8
+    run = paths([1.02, 0.99, 1.01], [0.10, 0.12, 0.20], 1.4, 3.5)
+    assert verdicts(targets(run, [1000], N1K, BASELINE, SMALL_MET,
+                            [{"longest_slice_cpu_ms": 0.6}, {"longest_slice_cpu_ms": 2.32}])
+                    ) == ["met"] * 12
 
 
 def test_how_far_off_each_target_is() -> None:
     run = paths([0.80, 0.85, 0.90], [0.40, 0.45, 0.50], 2.5, 10.0)
     assert verdicts(targets(run, [1000], N1K, {**BASELINE, "current": [
-        {"pushes_per_cpu_s": 6000.0}, {"pushes_per_cpu_s": 6300.0}]})) == [
+        {"pushes_per_cpu_s": 6000.0}, {"pushes_per_cpu_s": 6300.0}]}, SMALL_OFF,
+        [{"longest_slice_cpu_ms": 3.0}])) == [
         "**not met**: 0.15 short"] * 3 + ["**not met**: 0.30 ms over"] * 2 + [
-        "**not met**: 0.50 over", "**not met**: 2.24 KB over", "**not met**: 0.50 short"]
+        "**not met**: 1.00 over"] * 2 + ["**not met**: 6.24 KB over", "**not met**: 0.50 short",
+        "**not met**: 0.13 ms over", "**not met**: 0.23 ms over", "**not met**: 0.68 ms over"]
 
 
 def test_throughput_below_haproxy_but_within_the_spread() -> None:
@@ -70,7 +77,8 @@ def test_what_was_not_measured_has_no_verdict() -> None:
     run = paths([1.0], [0.0], 1.0, 1.0)
     without_haproxy = run[:2]
     found = verdicts(targets(without_haproxy, [1000], N1K, {"error": "shallow clone"}))
-    assert found == ["-"] * 6 + ["met", "-"]  # memory is kproxy's own figure
+    # Memory is kproxy's own figure; small requests and scrapes were not measured.
+    assert found == ["-"] * 7 + ["met"] + ["-"] * 4
 
 
 def test_ratio_table_has_a_row_per_figure() -> None:
