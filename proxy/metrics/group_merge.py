@@ -48,9 +48,7 @@ def group_facts(tracker: GroupTracker, now: float) -> Facts:
     """What a worker knows of its groups, as JSON-ready data (bounded as the tracker is)."""
     tracker.expire(now)
     groups: dict[str, Facts] = {}
-    partitions: set[tuple[str, int]] = set()
     for g in tracker.groups.values():
-        partitions.update(g.committed)
         groups[g.group_id] = {
             "seen": g.last_seen, "protocol_type": g.protocol_type, "assignor": g.assignor,
             "generation": g.generation,
@@ -62,8 +60,11 @@ def group_facts(tracker: GroupTracker, now: float) -> Facts:
             "completed": [list(c) for c in g.completed],
             "committed": [[t, p, offset, at] for (t, p), (offset, at) in g.committed.items()],
         }
-    marks = [[t, p, tracker.watermarks[(t, p)], tracker.watermark_at.get((t, p), 0.0)]
-             for (t, p) in partitions if (t, p) in tracker.watermarks]
+    # Every high watermark held (bounded by the tracker's partition cap), not only those
+    # of partitions this worker saw committed: a consumer's fetches and its commits
+    # often go through different workers.
+    marks = [[t, p, hwm, tracker.watermark_at.get((t, p), 0.0)]
+             for (t, p), hwm in tracker.watermarks.items()]
     return {"groups": groups, "watermarks": marks}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from kproxy.metrics.group_merge import GroupMerge, group_facts
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import CARRY_KEEP_S, MAX_CARRIED, CounterFloors, WorkerMerge
-from kproxy.policies.groups import GroupTracker
+from kproxy.policies.groups import GroupLimits, GroupTracker
 from kproxy.policies.telemetry import NONE, TelemetryState
 from kproxy.policies.telemetry_subscriptions import Subscription, TelemetrySettings
 
@@ -170,11 +170,22 @@ def test_delta_counters_add_up_and_never_go_backwards_as_an_instance_moves() -> 
 
 
 def test_facts_stay_small_and_json() -> None:
-    t = GroupTracker()
+    t = GroupTracker(GroupLimits(max_partitions=50))
     t.committed("g", [("t", p, p) for p in range(3)], 1.0)
     t.high_watermarks([("t", p, 10) for p in range(100)], 1.0)
     facts = wire(group_facts(t, 2.0))
-    assert len(facts["watermarks"]) == 3  # only partitions a group committed
+    # Every watermark the tracker holds (another worker may hold the commits), never
+    # more than its partition cap.
+    assert len(facts["watermarks"]) == 50
+
+
+def test_lag_when_fetches_and_commits_went_through_different_workers() -> None:
+    fetching, committing = GroupTracker(), GroupTracker()
+    fetching.high_watermarks([("t", 0, 100)], 1.0)  # no group traffic on this worker
+    committing.committed("g", [("t", 0, 40)], 2.0)
+    [g] = GroupMerge().merge([wire(group_facts(fetching, 3)), wire(group_facts(committing, 3))],
+                             3)
+    assert g.lag == [("t", 0, 60)]
 
 
 def test_workers_own_group_lines_give_way_to_the_merged_ones() -> None:
