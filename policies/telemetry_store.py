@@ -101,8 +101,9 @@ class InstanceSeries:
     A series is a slot ``i``, given in order as series are added and never freed (a
     series only goes with its instance). ``index`` finds a slot by its key (tuples of
     strings and ints: untracked, and so the dict, after a full collection); ``values``
-    holds counters' and gauges' values (an array: its numbers are not objects);
-    ``hists`` a histogram's state (a tuple of floats, replaced whole). ``heads`` and
+    holds counters' and gauges' values (an array: one object, with no object inside
+    for a collection to visit); ``hists`` a histogram's state (a tuple of floats,
+    replaced whole). ``heads`` and
     ``tails`` hold the label text of the slots a scrape labelled, in slot order, as
     tuples of strings (untracked): ``head`` the instance's labels (one string shared),
     ``tail`` the point's attributes with a leading comma.
