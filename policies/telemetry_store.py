@@ -258,10 +258,15 @@ class MetricsStore:
         if landing.capped and (self.total < self.max_series or any(
                 self.families.get(family.name) is not family for family in landing.capped)):
             return None
-        column = landing.own.values
-        for i, summed, value in zip(landing.series, landing.summed, values, strict=True):
-            if i >= 0:
-                column[i] = column[i] + value if delta and summed else float(value)
+        column = landing.own.values  # an array: it takes ints and floats as doubles
+        if delta:
+            for i, summed, value in zip(landing.series, landing.summed, values, strict=True):
+                if i >= 0:
+                    column[i] = column[i] + value if summed else value
+        else:
+            for i, value in zip(landing.series, values, strict=True):
+                if i >= 0:
+                    column[i] = value
         return IngestStats(points=len(values) - len(landing.capped),
                            dropped_by_cap=len(landing.capped))
 

@@ -91,14 +91,16 @@ def ingest_costs(repeats: int = 2000) -> dict[str, float]:
     again = (time.process_time() - start) / len(ids)
     small = decode_metrics_data(number_push(8))
     values = [p.value for rm in small for sm in rm.scopes for m in sm.metrics for p in m.points]
-    _, landing = store.ingest_noting(ids[0], labels(ids[0]), small, True)
-    assert landing is not None
-    start = time.process_time()
-    for _ in range(repeats * 10):
-        store.land(ids[0], landing, values, True)
-    land = (time.process_time() - start) / (repeats * 10)
-    return {"ingest_new_250_us": new * 1e6, "ingest_again_250_us": again * 1e6,
-            "land_16_points_us": land * 1e6}
+    out = {"ingest_new_250_us": new * 1e6, "ingest_again_250_us": again * 1e6}
+    for delta in (False, True):
+        _, landing = store.ingest_noting(ids[0], labels(ids[0]), small, delta)
+        assert landing is not None
+        start = time.process_time()
+        for _ in range(repeats * 10):
+            store.land(ids[0], landing, values, delta)
+        land = (time.process_time() - start) / (repeats * 10)
+        out[f"land_16_points_{'delta' if delta else 'cumulative'}_us"] = land * 1e6
+    return out
 
 
 def main(instances: int = 1000, per_instance: int = 250) -> None:
