@@ -22,6 +22,10 @@ from ..support import make_config
 INSTANCES = 20
 
 
+def _labels(iid: uuid.UUID) -> dict[str, str]:
+    return {"client_instance_id": str(iid), "client_id": "app"}
+
+
 def _held(per_instance: int) -> tuple[TelemetryService, int]:
     """A service holding ``INSTANCES`` x ``per_instance`` series, ingested cumulative,
     labelled by a scrape, then updated by delta pushes (histograms replaced); and how
@@ -35,19 +39,21 @@ def _held(per_instance: int) -> tuple[TelemetryService, int]:
     resources = decode_metrics_data(librdkafka_like_payload(points=per_instance - 2))
     ids = [uuid.UUID(int=i + 1) for i in range(INSTANCES)]
     for iid in ids:
-        service.store.ingest(iid, {"client_instance_id": str(iid), "client_id": "app"},
-                             resources, False)
+        service.store.ingest(iid, _labels(iid), resources, False)
     collector = next(s for s in metrics.piece_sources if isinstance(s, ClientMetricsCollector))
     for _ in collector():  # a whole scrape: every series gets its label text
         pass
     for iid in ids:
-        service.store.ingest(iid, {}, resources, True)
+        stats = service.store.ingest(iid, _labels(iid), resources, True)
+        # Every point updated a series it had (none new: the cap is reached).
+        assert stats.points and stats.dropped_by_cap == stats.dropped_by_bytes == 0
     assert service.store.total == INSTANCES * per_instance
     del resources, collector, metrics  # the decoded points: an object each
-    # A pass untracks a tuple whose items are untracked when it comes to it; a key
-    # (a tuple of tuples) met before its labels waits for the next pass.
-    gc.collect()
-    gc.collect()
+    # A pass untracks a tuple whose items are untracked when it comes to it, and a dict
+    # whose keys and values are: a key (a tuple of label tuples of pairs) met before its
+    # labels waits for the next pass, so three passes untrack the deepest.
+    for _ in range(3):
+        gc.collect()
     return service, len(gc.get_objects()) - before
 
 
@@ -59,7 +65,7 @@ def test_series_held_add_tracked_objects_per_instance_not_per_series() -> None:
     for service in (small, large):
         for own in service.store.series.values():
             assert len(own.heads) == len(own.tails) == len(own.index) == len(own.values)
-            assert own.hists  # the payload's histogram, accumulated by the delta pushes
+            assert own.hists  # the payload's histogram, replaced by the second pushes
             for part in (own.index, own.hists, own.heads, own.tails,
                          *own.index, *own.hists.values()):
                 assert not gc.is_tracked(part), part
