@@ -7,12 +7,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from kproxy.metrics.exposition import Piece, value_text
-from kproxy.policies.telemetry_store import INSTANCE_LABELS, Family, Labels, Series
+from kproxy.policies.telemetry_store import (
+    INSTANCE_LABELS,
+    NO_HIST,
+    Family,
+    InstanceSeries,
+    Labels,
+    cumulative_buckets,
+)
 
 if TYPE_CHECKING:
     from kproxy.telemetry.service import TelemetryService
@@ -28,8 +36,8 @@ class ClientMetricsCollector:
     instance's series, between pieces) and reads a series' values only when the piece
     holding it is written, within one slice. Sample lines are formatted here rather
     than by prometheus_client's generic renderer, which costs ~10x more per series,
-    from each series' label text, made at its first scrape and kept (``Series.head``
-    and ``tail``): a scrape formats only values. Family headers still come from
+    from each series' label text, made at its first scrape and kept (``InstanceSeries``'
+    ``heads`` and ``tails``): a scrape formats only values. Family headers still come from
     prometheus_client, in the format asked for.
     """
 
@@ -46,21 +54,23 @@ class ClientMetricsCollector:
         yield GaugeMetricFamily("kproxy_telemetry_series", "Client metric series exported",
                                 service.store.total)
         store = service.store
-        # Family name -> its series: one deque per family, no new container per series
-        # (a scrape must not feed the cyclic garbage collector).
-        grouped: dict[str, deque[Series]] = {}
+        # Family name -> its series (their instances and slots, side by side): two deques
+        # per family, no new container per series (a scrape must not feed the cyclic
+        # garbage collector).
+        grouped: dict[str, tuple[deque[InstanceSeries], deque[int]]] = {}
         heads: dict[Labels, str] = {}  # label text made in this scrape, shared
         tails: dict[Labels, str] = {}
         copied = 0
         for own in list(store.series.values()):
-            for (name, labels), series in own.items():  # no yield inside: own is stable
-                if not series.head:
-                    _label(series, labels, heads, tails)
+            if len(own.tails) < len(own.index):
+                _label(own, heads, tails)
+            for (name, _), i in own.index.items():  # no yield inside: own is stable
                 found = grouped.get(name)
                 if found is None:
-                    found = grouped[name] = deque()
-                found.append(series)
-            copied += len(own)
+                    found = grouped[name] = (deque(), deque())
+                found[0].append(own)
+                found[1].append(i)
+            copied += len(own.index)
             if copied >= self.piece_rows:
                 copied = 0
                 yield None
@@ -68,13 +78,15 @@ class ClientMetricsCollector:
         for name in sorted(grouped):
             # Taken out as they are written, a piece at a time: the references go a few
             # at a time too (letting go of 250,000 at once held the loop for ~4 ms).
-            family, left = families[name], grouped.pop(name)
+            family, (owners, slots) = families[name], grouped.pop(name)
             yield Metric(family.name, family.help, family.kind, family.unit)  # the header
             # About ``piece_rows`` lines a piece: a histogram series is a line a bucket.
-            lines = len(left[0].buckets) + 2 if family.kind == "histogram" else 1
+            lines = len(owners[0].hists.get(slots[0], NO_HIST)[3]) + 2 if (
+                family.kind == "histogram") else 1
             step = max(1, self.piece_rows // lines)
-            while left:
-                yield _sample_lines(family, [left.popleft() for _ in range(min(step, len(left)))])
+            while slots:
+                yield _sample_lines(family, [(owners.popleft(), slots.popleft())
+                                             for _ in range(min(step, len(slots)))])
 
 
 def _escape(value: str) -> str:
@@ -83,33 +95,40 @@ def _escape(value: str) -> str:
     return value
 
 
-def _label(series: Series, labels: Labels, heads: dict[Labels, str],
-           tails: dict[Labels, str]) -> None:
-    """A series' label text: its instance's labels, then its point's attributes. Parts
-    made in one scrape are shared: an instance's series hold one ``head`` string."""
+def _label(own: InstanceSeries, heads: dict[Labels, str], tails: dict[Labels, str]) -> None:
+    """Label text for an instance's series not labelled yet (the last slots): its
+    instance's labels, then its point's attributes. Parts made in one scrape are
+    shared: an instance's series hold one ``head`` string."""
     n = len(INSTANCE_LABELS)
-    base, attrs = labels[:n], labels[n:]
-    head = heads.get(base)
-    if head is None:
-        head = heads[base] = ",".join(f'{k}="{_escape(v)}"' for k, v in base)
-    tail = tails.get(attrs)
-    if tail is None:
-        tail = tails[attrs] = "".join(f',{k}="{_escape(v)}"' for k, v in attrs)
-    series.head, series.tail = head, tail
+    new_heads, new_tails = [], []
+    for _, labels in islice(own.index, len(own.tails), None):
+        base, attrs = labels[:n], labels[n:]
+        head = heads.get(base)
+        if head is None:
+            head = heads[base] = ",".join(f'{k}="{_escape(v)}"' for k, v in base)
+        tail = tails.get(attrs)
+        if tail is None:
+            tail = tails[attrs] = "".join(f',{k}="{_escape(v)}"' for k, v in attrs)
+        new_heads.append(head)
+        new_tails.append(tail)
+    own.heads += tuple(new_heads)
+    own.tails += tuple(new_tails)
 
 
-def _sample_lines(family: Family, series: list[Series]) -> str:
-    """Exposition lines (the same in the text format and OpenMetrics) for some series."""
+def _sample_lines(family: Family, series: list[tuple[InstanceSeries, int]]) -> str:
+    """Exposition lines (the same in the text format and OpenMetrics) for some series,
+    given as their instances and slots; their values are read now."""
     name = family.name
     if family.kind == "histogram":
         out: list[str] = []
-        for s in series:
-            text = s.head + s.tail
-            for le, count in s.cumulative_buckets():
-                out.append(f'{name}_bucket{{{text},le="{le}"}} {value_text(count)}\n')
-            out.append(f"{name}_count{{{text}}} {value_text(s.count)}\n")
-            out.append(f"{name}_sum{{{text}}} {value_text(s.sum)}\n")
+        for own, i in series:
+            text = own.heads[i] + own.tails[i]
+            count, total, bounds, buckets = own.hists.get(i, NO_HIST)
+            for le, running in cumulative_buckets(bounds, buckets):
+                out.append(f'{name}_bucket{{{text},le="{le}"}} {value_text(running)}\n')
+            out.append(f"{name}_count{{{text}}} {value_text(count)}\n")
+            out.append(f"{name}_sum{{{text}}} {value_text(total)}\n")
         return "".join(out)
     sample = name + "_total" if family.kind == "counter" else name
-    return "".join([f"{sample}{{{s.head}{s.tail}}} {value_text(s.value)}\n"
-                    for s in series])
+    return "".join([f"{sample}{{{own.heads[i]}{own.tails[i]}}} {value_text(own.values[i])}\n"
+                    for own, i in series])

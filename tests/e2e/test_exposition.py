@@ -126,7 +126,8 @@ async def test_label_text_is_kept_and_a_scrape_reads_as_the_first() -> None:
         return [ln for ln in body.decode().splitlines() if ln.startswith("org_apache")]
 
     first = await client_lines()
-    assert all(s.head for own in service.store.series.values() for s in own.values())
+    assert all(len(own.heads) == len(own.index) and all(own.heads)
+               for own in service.store.series.values())
     assert await client_lines() == first
     assert gc.isenabled(), "a scrape left the garbage collector paused"
     iid = uuid.UUID(int=1000)  # a new instance: its series get their text in this scrape
