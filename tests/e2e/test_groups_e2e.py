@@ -141,7 +141,7 @@ def test_confluent_group_grows_and_shrinks(proxy: KproxyProcess) -> None:
     for line in lines:
         assert 0 <= line["generation"] <= g2 and 1 <= line["members_after"] <= 4, line
         assert line["protocol"] == "classic" and line["assignor"] == "range", line
-    print("\n".join(lines[-2:]))
+    print(lines[-2:])
 
 
 def test_lag_follows_commits_and_high_watermarks(proxy: KproxyProcess) -> None:
