@@ -13,6 +13,8 @@ a few rows per software version or the top N, ever reach the driver.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import shutil
 import sys
 import time
@@ -32,7 +34,7 @@ from kproxy.pipeline.hourly import (
     slowest_rebalance_hours,
 )
 from kproxy.pipeline.report import write_reports
-from kproxy.pipeline.store import Store
+from kproxy.pipeline.store import State, Store
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Progress:
     done: list[str] = field(default_factory=list)
     kept: int = 0
     removed: list[str] = field(default_factory=list)
+    # A digest of the hours (and their files) a report from this state covers.
+    covers: str = ""
+    reported: bool = False
 
 
 def _per_hour(top_n: int) -> dict[str, dict[str, Callable[[DataFrame], DataFrame]]]:
@@ -55,15 +60,17 @@ def _per_hour(top_n: int) -> dict[str, dict[str, Callable[[DataFrame], DataFrame
 
 
 def update(spark: SparkSession, archives: Sequence[str], out: str, top_n: int,
-           points: bool = True) -> tuple[Store, Progress]:
+           points: bool = True) -> tuple[Store, State, Progress]:
     """Bring ``OUT/hourly`` up to date with the archives: new and changed hours are
     reduced (and, with ``points``, flattened into ``tables/points``), vanished ones
     dropped. Hours of archives not named now are left alone."""
-    store, per_hour = Store(out), _per_hour(top_n)
+    store = Store(out)
+    state = store.load(top_n)
+    # Each hour keeps its slowest state.top_n rebalances (at least top_n).
+    per_hour = _per_hour(state.top_n)
     points_table = Path(out) / "tables" / "points"
     tables = {kind: [store.path(n) for n in names] for kind, names in per_hour.items()}
     tables["telemetry"].append(points_table)
-    state = store.load(top_n)
     if not state.hours:
         for table in (t for ts in tables.values() for t in ts):
             if table.exists():
@@ -92,7 +99,10 @@ def update(spark: SparkSession, archives: Sequence[str], out: str, top_n: int,
     state.hours.update({h.key: h.fingerprint for h in todo})
     store.save(state)
     progress.done = [h.key for h in todo]
-    return store, progress
+    progress.covers = hashlib.sha1(json.dumps(
+        [top_n, points, sorted((k, h.fingerprint) for k, h in current.items())]).encode()
+    ).hexdigest()
+    return store, state, progress
 
 
 def _empty_points(spark: SparkSession) -> DataFrame:
@@ -100,9 +110,11 @@ def _empty_points(spark: SparkSession) -> DataFrame:
 
 
 def _empty(spark: SparkSession, top_n: int) -> dict[str, DataFrame]:
-    """Each per-hour table over no rows: its schema, and what a table never written holds."""
-    return {name: reduce(flatten_points(read_hours(spark, [], kind)) if kind == "telemetry"
-                         else read_hours(spark, [], kind))
+    """Each per-hour table with no rows: its schema, and what a table never written holds.
+    (Made from the schema alone, so that its plan is an empty scan.)"""
+    raw = {kind: read_hours(spark, [], kind) for kind in _per_hour(top_n)}
+    raw["telemetry"] = flatten_points(raw["telemetry"])
+    return {name: spark.createDataFrame([], reduce(raw[kind]).schema)
             for kind, outputs in _per_hour(top_n).items() for name, reduce in outputs.items()}
 
 
@@ -118,8 +130,12 @@ def report_tables(spark: SparkSession, store: Store, archives: Sequence[str],
 
 def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10,
         points: bool = True) -> tuple[Tables, Progress]:
-    store, progress = update(spark, archives, out, top_n, points)
+    """Update the kept hours, then write the report tables and reports, unless the last
+    report was made from exactly these hours (then it is still true)."""
+    store, state, progress = update(spark, archives, out, top_n, points)
     tables = report_tables(spark, store, archives, top_n)
+    if state.report == progress.covers and (Path(out) / "report.html").exists():
+        return tables, progress
     # Each table is computed once: written, then its first rows read for the report
     # from the cache (in the table's order).
     cached = Tables(**{name: df.cache() for name, df in vars(tables).items()})
@@ -130,17 +146,30 @@ def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10,
     finally:
         for df in vars(cached).values():
             df.unpersist()
+    state.report = progress.covers
+    store.save(state)
+    progress.reported = True
     return tables, progress
 
 
-def session(master: str, app: str = "kproxy-fleet") -> SparkSession:
-    return (SparkSession.builder.master(master).appName(app)
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.sql.session.timeZone", "UTC")
-            # Partition values (source, date, hour) are read back as the text written.
-            .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
-            .getOrCreate())
+def session(master: str, app: str = "kproxy-fleet",
+            conf: Sequence[tuple[str, str]] = ()) -> SparkSession:
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "8")
+               .config("spark.sql.session.timeZone", "UTC")
+               # Partition values (source, date, hour) are read back as the text written.
+               .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false"))
+    for key, value in conf:
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def quiet(spark: SparkSession) -> SparkSession:
@@ -155,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where tables, reports and the per-hour rows are kept")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     parser.add_argument("--top", type=int, default=10, help="slowest instances listed")
+    parser.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.executor.memory=2g (repeatable)")
     parser.add_argument("--no-points", action="store_true",
                         help="do not keep the flattened data points (tables/points)")
     args = parser.parse_args(argv)
@@ -165,14 +196,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     started = time.monotonic()
-    spark = quiet(session(args.master))
+    spark = quiet(session(args.master, conf=args.conf))
     try:
         _, progress = run(spark, args.archives, args.out, args.top, not args.no_points)
     finally:
         spark.stop()
+    wrote = (f"wrote {Path(args.out) / 'report.html'} and Parquet tables" if progress.reported
+             else f"{Path(args.out) / 'report.html'} is up to date")
     print(f"kproxy-fleet: {len(progress.done)} hours read, {progress.kept} unchanged, "
-          f"{len(progress.removed)} gone; wrote {Path(args.out) / 'report.html'} and "
-          f"Parquet tables in {time.monotonic() - started:.1f} s")
+          f"{len(progress.removed)} gone; {wrote} in {time.monotonic() - started:.1f} s")
     return 0
 
 

@@ -30,6 +30,8 @@ class State:
 
     top_n: int
     hours: dict[str, str] = field(default_factory=dict)
+    # What the last report was made from (see fleet.run): the same again needs no work.
+    report: str = ""
 
 
 class Store:
@@ -50,12 +52,14 @@ class Store:
             if self.root.exists():
                 shutil.rmtree(self.root)
             return State(top_n)
-        return State(int(saved["top_n"]), dict(saved.get("hours", {})))
+        return State(int(saved["top_n"]), dict(saved.get("hours", {})),
+                     str(saved.get("report", "")))
 
     def save(self, state: State) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"format": FORMAT, "top_n": state.top_n,
+                                   "report": state.report,
                                    "hours": dict(sorted(state.hours.items()))}, indent=0))
         os.replace(tmp, self.state_file)
 
