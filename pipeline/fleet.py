@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from kproxy.pipeline.archive import flatten_points, list_hours, read_hours, source_id
+from kproxy.pipeline.archive import Hour, flatten_points, list_hours, read_hours, source_id
 from kproxy.pipeline.hourly import (
     Tables,
     client_hours,
@@ -44,8 +44,6 @@ class Progress:
     done: list[str] = field(default_factory=list)
     kept: int = 0
     removed: list[str] = field(default_factory=list)
-    # A digest of the hours (and their files) a report from this state covers.
-    covers: str = ""
     reported: bool = False
 
 
@@ -59,50 +57,79 @@ def _per_hour(top_n: int) -> dict[str, dict[str, Callable[[DataFrame], DataFrame
     }
 
 
-def update(spark: SparkSession, archives: Sequence[str], out: str, top_n: int,
-           points: bool = True) -> tuple[Store, State, Progress]:
-    """Bring ``OUT/hourly`` up to date with the archives: new and changed hours are
-    reduced (and, with ``points``, flattened into ``tables/points``), vanished ones
-    dropped. Hours of archives not named now are left alone."""
+@dataclass
+class Survey:
+    """The archives against the kept hours, found without Spark: what a run must do."""
+
+    store: Store
+    state: State
+    points: bool
+    current: dict[str, Hour]
+    todo: list[Hour]
+    gone: list[str]
+    covers: str  # a digest of the hours (and their files) a report from them covers
+
+    def progress(self) -> Progress:
+        return Progress([h.key for h in self.todo], len(self.current) - len(self.todo),
+                        list(self.gone))
+
+    @property
+    def up_to_date(self) -> bool:
+        """Nothing to read and the report already made from exactly these hours."""
+        return (not self.todo and not self.gone and self.state.report == self.covers
+                and (self.store.root.parent / "report.html").exists())
+
+    def tables(self) -> dict[str, list[Path]]:
+        """Per record kind, the folders holding its hours."""
+        per_hour = _per_hour(self.state.top_n)
+        out = {kind: [self.store.path(n) for n in names] for kind, names in per_hour.items()}
+        out["telemetry"].append(self.store.root.parent / "tables" / "points")
+        return out
+
+
+def survey(archives: Sequence[str], out: str, top_n: int, points: bool = True) -> Survey:
+    """New and changed hours of these archives, and kept hours whose files are gone.
+    Hours of archives not named now are left alone."""
     store = Store(out)
     state = store.load(top_n)
-    # Each hour keeps its slowest state.top_n rebalances (at least top_n).
-    per_hour = _per_hour(state.top_n)
-    points_table = Path(out) / "tables" / "points"
-    tables = {kind: [store.path(n) for n in names] for kind, names in per_hour.items()}
-    tables["telemetry"].append(points_table)
-    if not state.hours:
-        for table in (t for ts in tables.values() for t in ts):
-            if table.exists():
-                shutil.rmtree(table)
     current = {h.key: h for a in archives for h in list_hours(a)}
     sources = {source_id(a) for a in archives}
     todo = [h for k, h in sorted(current.items()) if state.hours.get(k) != h.fingerprint]
     gone = [k for k in state.hours
             if k not in current and k.split("/")[1].removeprefix("source=") in sources]
-    progress = Progress(kept=len(current) - len(todo), removed=gone)
-    store.forget(state, [h.key for h in todo] + gone, tables)
-    for kind, outputs in per_hour.items():
-        hours = [h for h in todo if h.kind == kind]
+    covers = hashlib.sha1(json.dumps(
+        [top_n, points, sorted((k, h.fingerprint) for k, h in current.items())]).encode()
+    ).hexdigest()
+    found = Survey(store, state, points, current, todo, gone, covers)
+    if not state.hours:  # nothing kept: nothing from an older format may linger either
+        for table in (t for ts in found.tables().values() for t in ts):
+            if table.exists():
+                shutil.rmtree(table)
+    return found
+
+
+def update(spark: SparkSession, found: Survey) -> Progress:
+    """Bring ``OUT/hourly`` up to date: new and changed hours are reduced (and, with
+    ``points``, flattened into ``tables/points``), vanished ones dropped."""
+    store, state, tables = found.store, found.state, found.tables()
+    points_table = tables["telemetry"][-1]
+    store.forget(state, [h.key for h in found.todo] + found.gone, tables)
+    for kind, outputs in _per_hour(state.top_n).items():
+        hours = [h for h in found.todo if h.kind == kind]
         if not hours:
             continue
         raw = read_hours(spark, hours, kind)
         if kind == "telemetry":
             # Flatten once: the points are written per hour, then reduced from Parquet.
-            flat = flatten_points(raw)
-            if points:
-                store.append(flat, points_table)
-                flat = store.read_hours(spark, points_table, _empty_points(spark), hours)
-            raw = flat
+            raw = flatten_points(raw)
+            if found.points:
+                store.append(raw, points_table)
+                raw = store.read_hours(spark, points_table, _empty_points(spark), hours)
         for name, reduce in outputs.items():
             store.append(reduce(raw), store.path(name))
-    state.hours.update({h.key: h.fingerprint for h in todo})
+    state.hours.update({h.key: h.fingerprint for h in found.todo})
     store.save(state)
-    progress.done = [h.key for h in todo]
-    progress.covers = hashlib.sha1(json.dumps(
-        [top_n, points, sorted((k, h.fingerprint) for k, h in current.items())]).encode()
-    ).hexdigest()
-    return store, state, progress
+    return found.progress()
 
 
 def _empty_points(spark: SparkSession) -> DataFrame:
@@ -129,13 +156,14 @@ def report_tables(spark: SparkSession, store: Store, archives: Sequence[str],
 
 
 def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10,
-        points: bool = True) -> tuple[Tables, Progress]:
+        points: bool = True) -> tuple[Tables | None, Progress]:
     """Update the kept hours, then write the report tables and reports, unless the last
-    report was made from exactly these hours (then it is still true)."""
-    store, state, progress = update(spark, archives, out, top_n, points)
-    tables = report_tables(spark, store, archives, top_n)
-    if state.report == progress.covers and (Path(out) / "report.html").exists():
-        return tables, progress
+    report was made from exactly these hours (then it is still true: no tables)."""
+    found = survey(archives, out, top_n, points)
+    if found.up_to_date:
+        return None, found.progress()
+    progress = update(spark, found)
+    tables = report_tables(spark, found.store, archives, top_n)
     # Each table is computed once: written, then its first rows read for the report
     # from the cache (in the table's order).
     cached = Tables(**{name: df.cache() for name, df in vars(tables).items()})
@@ -146,8 +174,8 @@ def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10,
     finally:
         for df in vars(cached).values():
             df.unpersist()
-    state.report = progress.covers
-    store.save(state)
+    found.state.report = found.covers
+    found.store.save(found.state)
     progress.reported = True
     return tables, progress
 
@@ -196,11 +224,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     started = time.monotonic()
-    spark = quiet(session(args.master, conf=args.conf))
-    try:
-        _, progress = run(spark, args.archives, args.out, args.top, not args.no_points)
-    finally:
-        spark.stop()
+    points = not args.no_points
+    found = survey(args.archives, args.out, args.top, points)
+    if found.up_to_date:  # no JVM needed to say so
+        progress = found.progress()
+    else:
+        spark = quiet(session(args.master, conf=args.conf))
+        try:
+            _, progress = run(spark, args.archives, args.out, args.top, points)
+        finally:
+            spark.stop()
     wrote = (f"wrote {Path(args.out) / 'report.html'} and Parquet tables" if progress.reported
              else f"{Path(args.out) / 'report.html'} is up to date")
     print(f"kproxy-fleet: {len(progress.done)} hours read, {progress.kept} unchanged, "

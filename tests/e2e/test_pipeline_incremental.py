@@ -22,7 +22,9 @@ TABLES = ["client_inventory", "rebootstrap_readiness", "instance_latency", "soft
 def spark() -> Iterator[Any]:
     from kproxy.pipeline.fleet import quiet, session
 
-    s = quiet(session("local[2]", "kproxy-fleet-incremental-tests"))
+    # Two shuffle partitions: the archive is small, and each task costs a little.
+    s = quiet(session("local[2]", "kproxy-fleet-incremental-tests",
+                      conf=[("spark.sql.shuffle.partitions", "2")]))
     yield s
     s.stop()
 
@@ -72,22 +74,36 @@ def rows(spark: Any, out: Path, name: str) -> list[tuple[Any, ...]]:
     return sorted((tuple(norm(v) for v in r) for r in df.collect()), key=repr)
 
 
-def test_no_step_gathers_the_data_in_one_partition(spark: Any, tmp_path: Path) -> None:
-    """Neither the per-hour reductions (over the raw records) nor the report tables
-    (over the kept rows) have a step that puts every row in one partition."""
-    from kproxy.pipeline.archive import flatten_points, list_hours, read_hours
-    from kproxy.pipeline.fleet import _per_hour, report_tables, update
+@pytest.fixture(scope="module")
+def first(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run over a copy of the archive with a second telemetry hour and an hour of
+    rebalances added (the later tests change this copy)."""
+    from kproxy.pipeline.fleet import run
 
-    archive = tmp_path / "archive"
+    tmp = tmp_path_factory.mktemp("incremental")
+    archive = tmp / "archive"
     shutil.copytree(ARCHIVE, archive)
-    groups = archive / "groups" / "date=2026-11-22" / "hour=01"
+    tel = sorted((archive / "telemetry").glob("date=*/hour=*"))[0]
+    shutil.copytree(tel, tel.parent / "hour=02")
+    groups = archive / "groups" / tel.parent.name / tel.name
     groups.mkdir(parents=True)
     (groups / "part-1.jsonl").write_text("".join(
         json.dumps({"ts": 1.8e9 + i, "proxy": "p", "group": f"g{i % 2}", "generation": i,
                     "members_before": 1, "members_after": 2, "duration_s": 0.1 * i,
                     "reason": "new member", "protocol": "classic", "assignor": "range"})
         + "\n" for i in range(6)))
-    hours = list_hours(str(archive))
+    tables, progress = run(spark, [str(archive)], str(tmp / "out"), top_n=3)
+    return {"archive": archive, "out": tmp / "out", "tel": tel, "tables": tables,
+            "progress": progress, "tmp": tmp}
+
+
+def test_no_step_gathers_the_data_in_one_partition(spark: Any, first: dict[str, Any]) -> None:
+    """Neither the per-hour reductions (over the raw records) nor the report tables
+    (over the kept rows) have a step that puts every row in one partition."""
+    from kproxy.pipeline.archive import flatten_points, list_hours, read_hours
+    from kproxy.pipeline.fleet import _per_hour
+
+    hours = list_hours(str(first["archive"]))
     assert sorted({h.kind for h in hours}) == ["connections", "groups", "telemetry"]
     for kind, outputs in _per_hour(3).items():
         raw = read_hours(spark, hours, kind)
@@ -95,41 +111,36 @@ def test_no_step_gathers_the_data_in_one_partition(spark: Any, tmp_path: Path) -
         for name, reduce in outputs.items():
             assert plan_problems(reduce(raw)) == [], name
 
-    store, _, _ = update(spark, [str(archive)], str(tmp_path / "out"), 3)
-    tables = report_tables(spark, store, [str(archive)], 3)
+    tables = first["tables"]
     assert sorted(vars(tables)) == sorted(TABLES)
     for name, df in vars(tables).items():
         assert plan_problems(df) == [], name
-    slowest = sorted((r.asDict() for r in tables.slowest_rebalances.collect()),
-                     key=lambda r: r["rank"])
-    assert [(r["rank"], r["generation"]) for r in slowest] == [(1, 5), (2, 4), (3, 3)]
+    slowest = sorted(rows(spark, first["out"], "slowest_rebalances"))
+    assert [(r[0], r[4]) for r in slowest] == [(1, 5), (2, 4), (3, 3)]  # rank, generation
 
 
-def test_rerun_reads_only_new_changed_and_gone_hours(spark: Any, tmp_path: Path) -> None:
+def test_rerun_reads_only_new_changed_and_gone_hours(spark: Any, first: dict[str, Any]) -> None:
     from kproxy.pipeline.fleet import run
 
-    archive, out, fresh = tmp_path / "archive", tmp_path / "out", tmp_path / "fresh"
-    shutil.copytree(ARCHIVE, archive)
-    tel = sorted((archive / "telemetry").glob("date=*/hour=*"))[0]
-    extra = tel.parent / "hour=02"
-    shutil.copytree(tel, extra)
-    _, first = run(spark, [str(archive)], str(out), top_n=3)
-    assert len(first.done) == 3 and first.kept == 0
+    archive, out, tel = first["archive"], first["out"], first["tel"]
+    assert len(first["progress"].done) == 4 and first["progress"].kept == 0
+    # Nothing changed: nothing read, and the report stands (no Spark job at all).
     _, again = run(spark, [str(archive)], str(out), top_n=3)
-    assert (again.done, again.kept, again.removed, again.reported) == ([], 3, [], False)
+    assert (again.done, again.kept, again.removed, again.reported) == ([], 4, [], False)
 
     # A new hour, a file grown in a seen hour, an hour removed (kproxy's total cap).
     con = sorted((archive / "connections").glob("date=*/hour=*"))[0]
     shutil.copytree(con, con.parent / "hour=03")
     grown = sorted(tel.glob("part-*.jsonl"))[0]
     grown.write_text(grown.read_text() + grown.read_text().splitlines()[0] + "\n")
-    shutil.rmtree(extra)
+    shutil.rmtree(tel.parent / "hour=02")
     _, third = run(spark, [str(archive)], str(out), top_n=3)
     assert [k.split("/")[0] + "/" + k.split("/")[-1] for k in third.done] == [
         "connections/hour=03", "telemetry/hour=01"]
-    assert third.kept == 1 and [k.split("/")[-1] for k in third.removed] == ["hour=02"]
+    assert third.kept == 2 and [k.split("/")[-1] for k in third.removed] == ["hour=02"]
     assert third.reported
 
+    fresh = first["tmp"] / "fresh"
     run(spark, [str(archive)], str(fresh), top_n=3)
     for name in [*TABLES, "points"]:
         assert rows(spark, out, name) == rows(spark, fresh, name), name
