@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -180,9 +181,14 @@ def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10,
     return tables, progress
 
 
-def session(master: str, app: str = "kproxy-fleet",
+def session(master: str | None, app: str = "kproxy-fleet",
             conf: Sequence[tuple[str, str]] = ()) -> SparkSession:
-    builder = (SparkSession.builder.master(master).appName(app)
+    """A session on ``master``; with none, spark-submit's (it starts Python with the
+    gateway's port set) or else ``local[*]``."""
+    builder = SparkSession.builder.appName(app)
+    if master or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(master or "local[*]")
+    builder = (builder
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "8")
                .config("spark.sql.session.timeZone", "UTC")
@@ -210,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("archives", nargs="+", help="kproxy --archive folders")
     parser.add_argument("--out", required=True,
                         help="where tables, reports and the per-hour rows are kept")
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--master", default=None,
+                        help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--top", type=int, default=10, help="slowest instances listed")
     parser.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting, e.g. spark.executor.memory=2g (repeatable)")
