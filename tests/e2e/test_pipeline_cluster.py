@@ -11,11 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.spark_standalone import Standalone, spark_env
 
 ARCHIVE = Path(__file__).parent.parent / "data" / "archive"
 
 
+# About a minute on an idle machine; three JVMs on two busy cores take several.
+@pytest.mark.timeout(600)
 def test_fleet_job_on_a_standalone_cluster(tmp_path: Path) -> None:
     out = tmp_path / "report"
     with Standalone(tmp_path / "cluster", workers=1, cores=1, memory="1g") as cluster:
@@ -25,7 +29,7 @@ def test_fleet_job_on_a_standalone_cluster(tmp_path: Path) -> None:
              "--master", cluster.url, "--top", "3", "--conf", "spark.executor.memory=768m",
              "--conf", "spark.cores.max=1"],
             env=spark_env(tmp_path / "cluster"), capture_output=True, text=True,
-            timeout=240, check=False)
+            timeout=480, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         # The work ran in the worker's executor, not in the driver.
         apps = list((tmp_path / "cluster" / "worker-0").glob("app-*/*/stderr"))
