@@ -136,13 +136,15 @@ fleet-report: $(DEV)
 	$(BIN)/kproxy-fleet run/archive --out run/fleet-report
 	@echo "open run/fleet-report/report.html"
 
-# The fleet job at scale: 1,000,000 data points from 10,000 instances (not part of make test).
-BENCH_ARCHIVE ?= /tmp/kproxy-bench-archive
+# The fleet job at scale (not part of make test): 1,000,000 and 10,000,000 data points
+# (10,000 and 100,000 instances) in local[*], a re-run, and a standalone cluster of one
+# worker and of two (same cores in total, then twice the cores). Prints the table;
+# BENCH_PIPELINE_WRITE=docs/benchmarks-pipeline.md writes it there too.
+BENCH_ARCHIVE ?= /tmp/kproxy-bench-pipeline
+BENCH_PIPELINE_WRITE ?=
 bench-pipeline: $(DEV)
-	rm -rf $(BENCH_ARCHIVE) $(BENCH_ARCHIVE)-report
-	$(BIN)/python tests/bench/generate_archive.py $(BENCH_ARCHIVE)
-	/usr/bin/time -f "kproxy-fleet wall time: %e s, peak RSS %M KiB" \
-	  $(BIN)/kproxy-fleet $(BENCH_ARCHIVE) --out $(BENCH_ARCHIVE)-report
+	$(BIN)/python tests/bench/pipeline_bench.py --base $(BENCH_ARCHIVE) \
+	  $(if $(BENCH_PIPELINE_WRITE),--write $(BENCH_PIPELINE_WRITE))
 
 # Side by side: direct, kproxy, tansu proxy, haproxy (TCP). Writes docs/benchmarks.md,
 # and docs/benchmarks-memory.md (peak memory with slow readers of 50 MB fetches).

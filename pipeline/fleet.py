@@ -1,223 +1,209 @@
 """`kproxy-fleet`: fleet-wide reports from kproxy telemetry archives, on Spark.
 
     kproxy-fleet ARCHIVE_DIR [ARCHIVE_DIR ...] --out REPORT_DIR [--master local[*]]
-    spark-submit --master yarn .../kproxy/pipeline/fleet.py ARCHIVE_DIR --out REPORT_DIR
+    spark-submit --master spark://HOST:7077 .../kproxy/pipeline/fleet.py ARCHIVE_DIR --out DIR
 
-Reads the JSON lines with explicit schemas, flattens OTLP metrics into one row per
-data point, and writes Parquet tables plus ``report.md`` and ``report.html``. Only
-aggregated tables (a few rows per software version or instance) ever reach the
-driver; raw data stays distributed.
+Reads the JSON lines with explicit schemas, reduces each hour of the archive to a few
+rows per client, instance and group, keeps those under ``REPORT_DIR/hourly`` and, on
+the next run, reads only hours that are new or whose files changed. The report tables
+(Parquet, ``report.md``, ``report.html``) are merged from the kept rows; only they,
+a few rows per software version or the top N, ever reach the driver.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
+import shutil
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql import DataFrame, SparkSession
 
+from kproxy.pipeline.archive import Hour, flatten_points, list_hours, read_hours, source_id
+from kproxy.pipeline.hourly import (
+    Tables,
+    client_hours,
+    instance_hours,
+    merge,
+    rebalance_hours,
+    slowest_rebalance_hours,
+)
 from kproxy.pipeline.report import write_reports
-from kproxy.pipeline.schemas import CONNECTION, GROUP_REBALANCE, TELEMETRY_LINE
-
-# The per-instance latency figures the report is built around (librdkafka and Java names).
-LATENCY_METRICS = {
-    "produce_request_latency_ms": "org.apache.kafka.producer.request.latency.avg",
-    "record_queue_time_ms": "org.apache.kafka.producer.record.queue.time.avg",
-    "fetch_latency_ms": "org.apache.kafka.consumer.fetch.manager.fetch.latency.avg",
-    "rebalance_latency_ms": "org.apache.kafka.consumer.coordinator.rebalance.latency.avg",
-    "commit_latency_ms": "org.apache.kafka.consumer.coordinator.commit.latency.avg",
-}
-RESOURCE_KEYS = {
-    "instance_id": "client.instance.id", "client_id": "client.id",
-    "software_name": "client.software.name", "software_version": "client.software.version",
-    "source_address": "client.source.address", "proxy": "kproxy.host",
-}
+from kproxy.pipeline.store import State, Store
 
 
 @dataclass
-class Tables:
-    points: DataFrame
-    client_inventory: DataFrame
-    rebootstrap_readiness: DataFrame
-    instance_latency: DataFrame
-    software_latency: DataFrame
-    client_throughput: DataFrame
-    slowest_instances: DataFrame
-    group_rebalances: DataFrame
-    slowest_rebalances: DataFrame
+class Progress:
+    """What a run read: hours done now, hours kept from earlier runs, hours gone."""
+
+    done: list[str] = field(default_factory=list)
+    kept: int = 0
+    removed: list[str] = field(default_factory=list)
+    reported: bool = False
 
 
-def _kv_map(attrs: Column) -> Column:
-    """OTLP attributes as a map of strings (ints and doubles rendered as text)."""
-    return F.map_from_entries(F.transform(attrs, lambda kv: F.struct(
-        kv["key"].alias("key"),
-        F.coalesce(kv["value"]["stringValue"], kv["value"]["intValue"],
-                   kv["value"]["doubleValue"].cast("string"),
-                   kv["value"]["boolValue"].cast("string")).alias("value"))))
+def _per_hour(top_n: int) -> dict[str, dict[str, Callable[[DataFrame], DataFrame]]]:
+    """Per record kind: the tables kept per hour, each made from that kind's raw rows."""
+    return {
+        "telemetry": {"instances": instance_hours},
+        "connections": {"clients": client_hours},
+        "groups": {"rebalances": rebalance_hours,
+                   "slow_rebalances": lambda df: slowest_rebalance_hours(df, top_n)},
+    }
 
 
-def read_points(spark: SparkSession, archives: Sequence[str]) -> DataFrame:
-    """One row per metric data point, with the client it came from."""
-    lines = _read(spark, archives, "telemetry", TELEMETRY_LINE)
-    rm = lines.select(F.explode("resourceMetrics").alias("rm"))
-    rm = rm.select(_kv_map(F.col("rm.resource.attributes")).alias("res"),
-                   F.explode("rm.scopeMetrics").alias("sm"))
-    metric = rm.select("res", F.explode("sm.metrics").alias("m"))
+@dataclass
+class Survey:
+    """The archives against the kept hours, found without Spark: what a run must do."""
 
-    def numbers(kind: str) -> DataFrame:
-        rows = metric.where(F.col(f"m.{kind}").isNotNull()).select(
-            "res", F.col("m.name").alias("metric"), F.lit(kind).alias("kind"),
-            F.explode(f"m.{kind}.dataPoints").alias("p"))
-        return rows.select("res", "metric", "kind", F.col("p.attributes").alias("attrs"),
-                           F.col("p.timeUnixNano").alias("t"),
-                           F.coalesce(F.col("p.asDouble"),
-                                      F.col("p.asInt").cast("double")).alias("value"))
+    store: Store
+    state: State
+    points: bool
+    current: dict[str, Hour]
+    todo: list[Hour]
+    gone: list[str]
+    covers: str  # a digest of the hours (and their files) a report from them covers
 
-    hist = metric.where(F.col("m.histogram").isNotNull()).select(
-        "res", F.col("m.name").alias("metric"), F.lit("histogram").alias("kind"),
-        F.explode("m.histogram.dataPoints").alias("p"))
-    hist = hist.select("res", "metric", "kind", F.col("p.attributes").alias("attrs"),
-                       F.col("p.timeUnixNano").alias("t"),
-                       (F.col("p.sum") / F.col("p.count").cast("double")).alias("value"))
-    points = numbers("gauge").unionByName(numbers("sum")).unionByName(hist)
-    return points.select(
-        *[F.col("res")[k].alias(col) for col, k in RESOURCE_KEYS.items()],
-        "metric", "kind", "value",
-        (F.col("t").cast("double") / 1e9).cast("timestamp").alias("time"),
-        _kv_map(F.col("attrs")).alias("attributes"),
-    )
+    def progress(self) -> Progress:
+        return Progress([h.key for h in self.todo], len(self.current) - len(self.todo),
+                        list(self.gone))
+
+    @property
+    def up_to_date(self) -> bool:
+        """Nothing to read and the report already made from exactly these hours."""
+        return (not self.todo and not self.gone and self.state.report == self.covers
+                and (self.store.root.parent / "report.html").exists())
+
+    def tables(self) -> dict[str, list[Path]]:
+        """Per record kind, the folders holding its hours."""
+        per_hour = _per_hour(self.state.top_n)
+        out = {kind: [self.store.path(n) for n in names] for kind, names in per_hour.items()}
+        out["telemetry"].append(self.store.root.parent / "tables" / "points")
+        return out
 
 
-def read_connections(spark: SparkSession, archives: Sequence[str]) -> DataFrame:
-    return _read(spark, archives, "connections", CONNECTION)
+def survey(archives: Sequence[str], out: str, top_n: int, points: bool = True) -> Survey:
+    """New and changed hours of these archives, and kept hours whose files are gone.
+    Hours of archives not named now are left alone."""
+    store = Store(out)
+    state = store.load(top_n)
+    current = {h.key: h for a in archives for h in list_hours(a)}
+    sources = {source_id(a) for a in archives}
+    todo = [h for k, h in sorted(current.items()) if state.hours.get(k) != h.fingerprint]
+    gone = [k for k in state.hours
+            if k not in current and k.split("/")[1].removeprefix("source=") in sources]
+    covers = hashlib.sha1(json.dumps(
+        [top_n, points, sorted((k, h.fingerprint) for k, h in current.items())]).encode()
+    ).hexdigest()
+    found = Survey(store, state, points, current, todo, gone, covers)
+    if not state.hours:  # nothing kept: nothing from an older format may linger either
+        for table in (t for ts in found.tables().values() for t in ts):
+            if table.exists():
+                shutil.rmtree(table)
+    return found
 
 
-def read_group_rebalances(spark: SparkSession, archives: Sequence[str]) -> DataFrame:
-    return _read(spark, archives, "groups", GROUP_REBALANCE)
+def update(spark: SparkSession, found: Survey) -> Progress:
+    """Bring ``OUT/hourly`` up to date: new and changed hours are reduced (and, with
+    ``points``, flattened into ``tables/points``), vanished ones dropped."""
+    store, state, tables = found.store, found.state, found.tables()
+    points_table = tables["telemetry"][-1]
+    store.forget(state, [h.key for h in found.todo] + found.gone, tables)
+    for kind, outputs in _per_hour(state.top_n).items():
+        hours = [h for h in found.todo if h.kind == kind]
+        if not hours:
+            continue
+        raw = read_hours(spark, hours, kind)
+        if kind == "telemetry":
+            # Flatten once: the points are written per hour, then reduced from Parquet.
+            raw = flatten_points(raw)
+            if found.points:
+                store.append(raw, points_table)
+                raw = store.read_hours(spark, points_table, _empty_points(spark), hours)
+        for name, reduce in outputs.items():
+            store.append(reduce(raw), store.path(name))
+    state.hours.update({h.key: h.fingerprint for h in found.todo})
+    store.save(state)
+    return found.progress()
 
 
-def group_tables(rebalances: DataFrame, top_n: int) -> tuple[DataFrame, DataFrame]:
-    """Per group: how often it rebalanced (overall and in its worst hour: storms), how
-    long rebalances took, its size; and the slowest single rebalances."""
-    hourly = rebalances.withColumn("hour", F.floor(F.col("ts") / 3600)).groupBy(
-        "group", "hour").agg(F.count(F.lit(1)).alias("n")).groupBy("group").agg(
-        F.max("n").alias("max_per_hour"))
-    per_group = rebalances.groupBy("group").agg(
-        F.count(F.lit(1)).alias("rebalances"),
-        F.avg("duration_s").alias("avg_seconds"),
-        F.max("duration_s").alias("max_seconds"),
-        F.max("generation").alias("last_generation"),
-        F.max("members_after").alias("max_members"),
-        F.concat_ws(", ", F.sort_array(F.collect_set("reason"))).alias("reasons"),
-    ).join(hourly, "group").orderBy(F.desc("max_per_hour"), F.desc("rebalances"), "group")
-    rank = Window.orderBy(F.desc("duration_s"), "group", "generation")
-    slowest = rebalances.withColumn("rank", F.row_number().over(rank)).where(
-        F.col("rank") <= top_n)
-    return per_group, slowest
+def _empty_points(spark: SparkSession) -> DataFrame:
+    return flatten_points(read_hours(spark, [], "telemetry"))
 
 
-def _read(spark: SparkSession, archives: Sequence[str], kind: str,
-          schema: StructType) -> DataFrame:
-    paths = [str(Path(a) / kind) for a in archives if (Path(a) / kind).is_dir()]
-    if not paths:
-        return spark.createDataFrame([], schema)
-    # Files still being written are hidden (.part-*.tmp), which Spark skips.
-    return spark.read.schema(schema).option("recursiveFileLookup", "true").json(paths)
+def _empty(spark: SparkSession, top_n: int) -> dict[str, DataFrame]:
+    """Each per-hour table with no rows: its schema, and what a table never written holds.
+    (Made from the schema alone, so that its plan is an empty scan.)"""
+    raw = {kind: read_hours(spark, [], kind) for kind in _per_hour(top_n)}
+    raw["telemetry"] = flatten_points(raw["telemetry"])
+    return {name: spark.createDataFrame([], reduce(raw[kind]).schema)
+            for kind, outputs in _per_hour(top_n).items() for name, reduce in outputs.items()}
 
 
-def _software(df: DataFrame, name: str, version: str) -> DataFrame:
-    return df.withColumn("software_name", F.coalesce(F.col(name), F.lit("(unknown)"))) \
-             .withColumn("software_version", F.coalesce(F.col(version), F.lit("(unknown)")))
+def report_tables(spark: SparkSession, store: Store, archives: Sequence[str],
+                  top_n: int) -> Tables:
+    """The report tables, merged from the kept per-hour rows of these archives."""
+    sources = sorted({source_id(a) for a in archives})
+    kept = {name: store.read(spark, store.path(name), empty, sources)
+            for name, empty in _empty(spark, top_n).items()}
+    return merge(kept["clients"], kept["instances"], kept["rebalances"],
+                 kept["slow_rebalances"], top_n)
 
 
-def build(points: DataFrame, connections: DataFrame, top_n: int = 10,
-          rebalances: DataFrame | None = None) -> Tables:
-    conns = _software(connections, "client_software_name", "client_software_version")
-    # A client: one process, as the proxy sees it (source address and client id).
-    conns = conns.withColumn("client", F.concat_ws("/", "source_address", "client_id"))
-
-    inventory_conns = conns.groupBy("software_name", "software_version").agg(
-        F.countDistinct("client").alias("clients"),
-        F.count(F.lit(1)).alias("connections"),
-        F.sum(F.col("telemetry").cast("int")).alias("connections_with_telemetry"))
-    inventory_tel = points.groupBy("software_name", "software_version").agg(
-        F.countDistinct("instance_id").alias("telemetry_instances"))
-    client_inventory = inventory_conns.join(inventory_tel, ["software_name", "software_version"],
-                                            "full_outer").na.fill(0).orderBy(
-        F.desc("clients"), "software_name", "software_version")
-
-    # A client can rebootstrap if any of its connections spoke Metadata v13+.
-    per_client = conns.groupBy("software_name", "software_version", "client").agg(
-        F.max("metadata_max_version").alias("metadata_max_version"))
-    rebootstrap_readiness = per_client.groupBy("software_name", "software_version").agg(
-        F.count(F.lit(1)).alias("clients"),
-        F.sum((F.col("metadata_max_version") >= 13).cast("int")).alias("ready"),
-        F.sum((F.col("metadata_max_version") < 13).cast("int")).alias("not_ready"),
-        F.sum(F.col("metadata_max_version").isNull().cast("int")).alias("unknown"),
-        F.max("metadata_max_version").alias("max_metadata_version"),
-    ).withColumn("ready_ratio", F.col("ready") / F.col("clients")).orderBy(
-        "software_name", "software_version")
-
-    wanted = points.where(F.col("metric").isin(list(LATENCY_METRICS.values())))
-    names = F.create_map(*[x for col, metric in LATENCY_METRICS.items()
-                           for x in (F.lit(metric), F.lit(col))])
-    instance_latency = wanted.withColumn("figure", names[F.col("metric")]).groupBy(
-        "instance_id", "client_id", "software_name", "software_version", "source_address",
-    ).pivot("figure", list(LATENCY_METRICS)).agg(F.avg("value"))
-
-    software_latency = instance_latency.groupBy("software_name", "software_version").agg(
-        F.countDistinct("instance_id").alias("instances"),
-        *[agg for col in LATENCY_METRICS for agg in (
-            F.avg(col).alias(f"{col}_avg"),
-            F.percentile_approx(col, 0.95).alias(f"{col}_p95"))],
-    ).orderBy("software_name", "software_version")
-
-    seconds = F.greatest(F.col("ts") - F.col("opened"), F.lit(0.001))
-    client_throughput = conns.groupBy("software_name", "software_version", "client_id",
-                                      "source_address").agg(
-        F.sum("bytes_in").alias("bytes_in"), F.sum("bytes_out").alias("bytes_out"),
-        F.max(seconds).alias("seconds"),
-    ).withColumn("mb_per_s", (F.col("bytes_in") + F.col("bytes_out")) / F.col("seconds") / 1e6) \
-     .orderBy(F.desc("mb_per_s"))
-
-    rank = Window.orderBy(F.desc_nulls_last("produce_request_latency_ms"),
-                          F.desc_nulls_last("fetch_latency_ms"))
-    slowest_instances = instance_latency.where(
-        F.col("produce_request_latency_ms").isNotNull() | F.col("fetch_latency_ms").isNotNull()
-    ).withColumn("rank", F.row_number().over(rank)).where(F.col("rank") <= top_n)
-
-    if rebalances is None:
-        rebalances = points.sparkSession.createDataFrame([], GROUP_REBALANCE)
-    group_rebalances, slowest_rebalances = group_tables(rebalances, top_n)
-    return Tables(points, client_inventory, rebootstrap_readiness, instance_latency,
-                  software_latency, client_throughput, slowest_instances, group_rebalances,
-                  slowest_rebalances)
+def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10,
+        points: bool = True) -> tuple[Tables | None, Progress]:
+    """Update the kept hours, then write the report tables and reports, unless the last
+    report was made from exactly these hours (then it is still true: no tables)."""
+    found = survey(archives, out, top_n, points)
+    if found.up_to_date:
+        return None, found.progress()
+    progress = update(spark, found)
+    tables = report_tables(spark, found.store, archives, top_n)
+    # Each table is computed once: written, then its first rows read for the report
+    # from the cache (in the table's order).
+    cached = Tables(**{name: df.cache() for name, df in vars(tables).items()})
+    try:
+        for name, df in vars(cached).items():
+            df.write.mode("overwrite").parquet(str(Path(out) / "tables" / name))
+        write_reports(cached, Path(out))
+    finally:
+        for df in vars(cached).values():
+            df.unpersist()
+    found.state.report = found.covers
+    found.store.save(found.state)
+    progress.reported = True
+    return tables, progress
 
 
-def run(spark: SparkSession, archives: Sequence[str], out: str, top_n: int = 10) -> Tables:
-    # Both inputs feed several tables: parse the JSON once.
-    points = read_points(spark, archives).cache()
-    connections = read_connections(spark, archives).cache()
-    tables = build(points, connections, top_n, read_group_rebalances(spark, archives))
-    target = Path(out)
-    for name, df in vars(tables).items():
-        df.write.mode("overwrite").parquet(str(target / "tables" / name))
-    write_reports(tables, target)
-    return tables
+def session(master: str | None, app: str = "kproxy-fleet",
+            conf: Sequence[tuple[str, str]] = ()) -> SparkSession:
+    """A session on ``master``; with none, spark-submit's (it starts Python with the
+    gateway's port set) or else ``local[*]``."""
+    builder = SparkSession.builder.appName(app)
+    if master or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(master or "local[*]")
+    builder = (builder
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "8")
+               .config("spark.sql.session.timeZone", "UTC")
+               # Partition values (source, date, hour) are read back as the text written.
+               .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false"))
+    for key, value in conf:
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
-def session(master: str, app: str = "kproxy-fleet") -> SparkSession:
-    return (SparkSession.builder.master(master).appName(app)
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate())
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def quiet(spark: SparkSession) -> SparkSession:
@@ -228,24 +214,37 @@ def quiet(spark: SparkSession) -> SparkSession:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kproxy-fleet", description=__doc__.splitlines()[0])
     parser.add_argument("archives", nargs="+", help="kproxy --archive folders")
-    parser.add_argument("--out", required=True, help="where tables and reports are written")
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--out", required=True,
+                        help="where tables, reports and the per-hour rows are kept")
+    parser.add_argument("--master", default=None,
+                        help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--top", type=int, default=10, help="slowest instances listed")
+    parser.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.executor.memory=2g (repeatable)")
+    parser.add_argument("--no-points", action="store_true",
+                        help="do not keep the flattened data points (tables/points)")
     args = parser.parse_args(argv)
-    missing = [a for a in args.archives if not (Path(a) / "telemetry").is_dir()
-               and not (Path(a) / "connections").is_dir()]
+    missing = [a for a in args.archives if not any(
+        (Path(a) / kind).is_dir() for kind in ("telemetry", "connections", "groups"))]
     if missing:
         print(f"kproxy-fleet: error: not a kproxy archive: {', '.join(missing)}",
               file=sys.stderr)
         return 2
     started = time.monotonic()
-    spark = quiet(session(args.master))
-    try:
-        run(spark, args.archives, args.out, args.top)
-    finally:
-        spark.stop()
-    print(f"kproxy-fleet: wrote {Path(args.out) / 'report.html'} and Parquet tables in "
-          f"{time.monotonic() - started:.1f} s")
+    points = not args.no_points
+    found = survey(args.archives, args.out, args.top, points)
+    if found.up_to_date:  # no JVM needed to say so
+        progress = found.progress()
+    else:
+        spark = quiet(session(args.master, conf=args.conf))
+        try:
+            _, progress = run(spark, args.archives, args.out, args.top, points)
+        finally:
+            spark.stop()
+    wrote = (f"wrote {Path(args.out) / 'report.html'} and Parquet tables" if progress.reported
+             else f"{Path(args.out) / 'report.html'} is up to date")
+    print(f"kproxy-fleet: {len(progress.done)} hours read, {progress.kept} unchanged, "
+          f"{len(progress.removed)} gone; {wrote} in {time.monotonic() - started:.1f} s")
     return 0
 
 

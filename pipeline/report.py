@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kproxy.pipeline.fleet import Tables
+    from kproxy.pipeline.hourly import Tables
 
 Row = dict[str, Any]
 
