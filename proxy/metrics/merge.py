@@ -38,15 +38,16 @@ MIN_GAUGES = frozenset({"kproxy_ready"})
 # OpenMetrics without it.)
 SHARED_EVENT_COUNTERS = frozenset({"kproxy_topology_changes", "kproxy_topology_changes_total",
                                    "kproxy_config_reloads", "kproxy_config_reloads_total"})
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created", "_info")
 
 
-def _family(sample: str, types: dict[str, str]) -> str:
+def family_of(sample: str, types: dict[str, str],
+              suffixes: tuple[str, ...] = _SUFFIXES) -> str:
     """The family a sample belongs to (``x_bucket`` belongs to histogram ``x``)."""
     if sample in types:
         return sample
-    for suffix in _SUFFIXES:
+    for suffix in suffixes:
         if sample.endswith(suffix) and sample[: -len(suffix)] in types:
             return sample[: -len(suffix)]
     return sample
@@ -85,11 +86,11 @@ def merge_expositions(texts: Iterable[str], sum_clients: bool = False) -> str:
                     series[name] = {}
                     order.append(name)
                 continue
-            match = _SAMPLE.match(line)
+            match = SAMPLE_LINE.match(line)
             if match is None:
                 continue
             sample, labels, value = match.group(1), match.group(2) or "", match.group(3)
-            family = _family(sample, types)
+            family = family_of(sample, types)
             if family not in series:
                 series[family] = {}
                 order.append(family)

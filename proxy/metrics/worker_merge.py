@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,10 +22,9 @@ import trio
 from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.metrics import group_merge, telemetry_merge
 from kproxy.metrics.exposition import value_text
-from kproxy.metrics.merge import merge_expositions
+from kproxy.metrics.merge import SAMPLE_LINE, family_of, merge_expositions
 from kproxy.policies.groups import GroupLimits
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total")
 CARRY_KEEP_S = 600.0  # a vanished series' carried value is kept this long for its return
 INSTANCES = "kproxy_telemetry_client_instances"
@@ -147,14 +145,14 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
                 continue
             out.append(line)
             continue
-        match = _SAMPLE.match(line)
+        match = SAMPLE_LINE.match(line)
         if match is None:
             continue
         sample = match.group(1)
         if sample in decided:
             how = decided[sample]
         else:
-            family = _family(sample, types)
+            family = family_of(sample, types, _SUFFIXES)
             kind = types.get(family, "untyped")
             how = decided[sample] = None if _base(family) in replaced else (
                 kind in ("counter", "histogram", "summary") and not sample.endswith("_created"),
@@ -186,15 +184,6 @@ def _base(family: str) -> str:
     """A family's name without the suffix the text format gives a counter's header and a
     family's ``_created`` timestamps."""
     return family.removesuffix("_total").removesuffix("_created")
-
-
-def _family(sample: str, types: dict[str, str]) -> str:
-    if sample in types:
-        return sample
-    for suffix in _SUFFIXES:
-        if sample.endswith(suffix) and sample[: -len(suffix)] in types:
-            return sample[: -len(suffix)]
-    return sample
 
 
 def facts_route(groups: Callable[[], dict[str, Any]] | None,
