@@ -32,8 +32,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## Relay against the last commit before the sans-IO core",
                     "## Admission across workers"):
         assert section in text
-    # Issue 19's targets, each with a verdict (a smoke run's figures decide nothing, but
-    # every one is measured: no "-").
+    # Issues 19's and 30's targets, each with a verdict (a smoke run's figures decide
+    # nothing, but every one is measured: no "-").
     rows = text[text.index("## Targets"):].split("\n\n")[1].splitlines()[2:]
     wanted = ["throughput, produce 1 KB: kproxy / haproxy",
               "throughput, produce 100 B: kproxy / haproxy",
@@ -41,16 +41,25 @@ def test_bench_smoke(tmp_path: Path) -> None:
               "p99 added at 1,000/s, small produce: kproxy - haproxy",
               "p99 added at 1,000/s, Metadata: kproxy - haproxy",
               "CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
+              "CPU s per GB relayed (consume 1 KB): kproxy / haproxy",
               "proxy memory per idle connection pair (KB)",
-              "telemetry pushes per CPU-second: this tree / d1cc828"]
+              "telemetry pushes per CPU-second: this tree / d1cc828",
+              "proxy CPU per single-message produce at 1,000/s (ms)",
+              "proxy CPU per Metadata round trip at 1,000/s (ms)",
+              "longest loop slice of a /metrics scrape, CPU (ms)"]
     results = json.loads(js.read_text())
     # A smoke run's relay may take less than one clock tick (10 ms) of CPU: no ratio then.
-    cpu_ticked = all(r["proxy_cpu_s"] > 0 for path in ("kproxy", "haproxy (tcp)")
-                     for r in results[path]["produce_1k"])
+    def ticked(key: str) -> bool:
+        return all(r["proxy_cpu_s"] > 0 for path in ("kproxy", "haproxy (tcp)")
+                   for r in results[path][key])
+
+    per_gb = {"CPU s per GB relayed (produce 1 KB)": "produce_1k",
+              "CPU s per GB relayed (consume 1 KB)": "consume"}
     assert len(rows) == len(wanted), rows
     for row, target in zip(rows, wanted, strict=True):
         assert row.startswith(f"| {target}"), (row, target)
-        if cpu_ticked or not target.startswith("CPU"):
+        key = next((k for label, k in per_gb.items() if target.startswith(label)), None)
+        if key is None or ticked(key):
             assert row.rstrip(" |").rsplit(" | ", 1)[1] != "-", row  # a verdict
     ratios = text[text.index("## Ratios"):].split("\n\n")[1]
     assert "--workers 2 / --workers 1" in ratios and "this tree / d1cc828" in ratios
