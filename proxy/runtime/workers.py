@@ -16,10 +16,12 @@ one series per client instance (``kproxy.metrics.worker_merge``); ``/`` and
 is ready (a dead worker's listener is closed, so no connection reaches it); and
 ``/admin/rebootstrap`` is passed to every worker.
 
-Nothing is shared between workers but the ports: a client connection and its
-upstream connection live in one worker, telemetry rate limits are per connection
-as a broker's are per broker, and subscription ids are a function of the
-subscription and the instance id, so any worker answers a client the same way.
+Besides the ports, the workers share one thing: the connection counts, kept by the
+supervisor (``kproxy.runtime.admission_hub``; each worker asks over its own socket
+pair before it serves a connection). A client connection and its upstream connection
+live in one worker, telemetry rate limits are per connection as a broker's are per
+broker, and subscription ids are a function of the subscription and the instance id,
+so any worker answers a client the same way.
 """
 
 from __future__ import annotations
