@@ -373,7 +373,10 @@ class Session:
         if connected is None:
             raise SessionClosed("backend unreachable")
         self.upstream, address = connected
-        self.conn.connected(address)
+        if not self.conn.connected(address):
+            await trio.aclose_forcefully(self.upstream)
+            self.services.events.upstream_dropped(self.conn)
+            raise SessionClosed("the upstream list changed while connecting")
         self._upstream_io = transport_for(self.upstream)
         self.start(relay_responses, self, self._upstream_io)
 
