@@ -164,9 +164,17 @@ async def metrics(sup: Supervisor, req: HttpRequest) -> HttpResponse:
     """/metrics: every worker's exposition and the supervisor's, as one process's."""
     open_metrics = OPENMETRICS in req.headers.get("accept", "")
     asked = {"accept": f"{OPENMETRICS}; version=1.0.0"} if open_metrics else {}
-    answers = await ask_all(sup, "/metrics", asked)
-    facts = [_json(body) if status == 200 else None
-             for status, body in await ask_all(sup, "/internal/facts")]
+    answers: list[tuple[int, bytes]] = []
+    facts_answers: list[tuple[int, bytes]] = []
+
+    async def gather(into: list[tuple[int, bytes]], path: str,
+                     headers: dict[str, str] | None = None) -> None:
+        into.extend(await ask_all(sup, path, headers))
+
+    async with trio.open_nursery() as nursery:  # the workers render both at once
+        nursery.start_soon(gather, answers, "/metrics", asked)
+        nursery.start_soon(gather, facts_answers, "/internal/facts")
+    facts = [_json(body) if status == 200 else None for status, body in facts_answers]
     texts = [body.decode("utf-8", "replace").removesuffix(_EOF) if status == 200 else None
              for status, body in answers]
     own = own_metrics(sup, sum(t is not None for t in texts), open_metrics)
