@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import start
-from workers_row import wait_ready
+from workers_row import start_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kproxy.embedded_broker import TansuBroker, free_port  # noqa: E402
+from kproxy.embedded_broker import TansuBroker  # noqa: E402
 from tests.scrape_load import fill_series, metric_value, scrape  # noqa: E402
-from tests.support import broker_port_base, stop_process  # noqa: E402
+from tests.support import stop_process  # noqa: E402
 
 HEADING = "## /metrics of a large fleet at 1 and 2 workers"
 PER_INSTANCE = 250
@@ -63,19 +62,11 @@ def measure(work: Path, reps: int, series: int) -> dict[str, Any]:
         broker.start()
         https = {}
         for n in (1, 2):
-            port, http = free_port(), free_port()
-            procs[n] = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", str(n),
-                              "--upstream", broker.bootstrap, "--listen", f"127.0.0.1:{port}",
-                              "--http", f"127.0.0.1:{http}",
-                              "--broker-port-base", str(broker_port_base()),
-                              "--node-id-range", "111-111",
-                              "--telemetry-max-series", str(series),
-                              "--telemetry-max-series-bytes", str(512 << 20),
-                              "--log-level", "warning"],
-                             port, work / f"kproxy-scrape-workers{n}.log", {"KPROXY_CONFIG": ""})
-            wait_ready(http, n)
-            held[str(n)] = fill(f"127.0.0.1:{port}", http, series)
-            https[n] = http
+            procs[n], port, https[n] = start_workers(
+                broker, n, work / f"kproxy-scrape-workers{n}.log",
+                "--telemetry-max-series", str(series),
+                "--telemetry-max-series-bytes", str(512 << 20))
+            held[str(n)] = fill(f"127.0.0.1:{port}", https[n], series)
         for http in https.values():  # warm: the first scrape builds the label texts
             scrape(http)
         rnd = random.Random(29)
