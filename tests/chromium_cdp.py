@@ -8,6 +8,7 @@ from the registries beyond the browser. A missing browser fails, it never skips.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -112,10 +113,8 @@ class Chromium:
         path.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(AssertionError, OSError):
             self.call("Browser.close", session=False)
-        except (AssertionError, OSError):
-            pass
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:

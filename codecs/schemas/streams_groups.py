@@ -5,7 +5,8 @@ ConsumerGroupHeartbeat is. The response may carry host:port endpoints
 (``partitions_by_user_endpoint``): they are the Streams application's own
 interactive-query servers, not brokers, so nothing here or in the proxy rewrites them.
 StreamsGroupDescribe (89) is not decoded at all: it travels as an opaque frame.
-The field list follows Kafka's published message definitions.
+The field list follows Kafka's published message definitions; the unit tests check it
+against frames written by an independent encoder (``kio``).
 """
 
 from kproxy.codecs.schema import MessageSpec, array, f, struct, versions
@@ -100,6 +101,7 @@ STREAMS_GROUP_HEARTBEAT_RESPONSE = MessageSpec(
         f("active_tasks", array(_TASK_IDS), "0+", nullable="0+"),
         f("standby_tasks", array(_TASK_IDS), "0+", nullable="0+"),
         f("warmup_tasks", array(_TASK_IDS), "0+", nullable="0+"),
+        f("endpoint_information_epoch", "int32", "0+"),
         f("partitions_by_user_endpoint", array(struct(
             "EndpointToPartitions",
             f("user_endpoint", _ENDPOINT, "0+"),

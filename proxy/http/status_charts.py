@@ -28,11 +28,12 @@ def _number(v: float | None, unit: str) -> str:
             if abs(v) < 1024 or u == "GiB/s":
                 return f"{v:.0f} {u}" if u == "B/s" else f"{v:.1f} {u}"
             v /= 1024
-    return f"{v:.3g} {unit}".strip()
+    text = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return f"{text} {unit}".strip()
 
 
 def chart(title: str, ts: Sequence[float], values: Sequence[float | None], now: float,
-          span: float, unit: str = "", bars: bool = False) -> str:
+          span: float, unit: str = "", bars: bool = False, step: float = 5.0) -> str:
     """One figure: a heading with the latest and highest value, and its SVG."""
     known = [v for v in values if v is not None]
     top = max(known, default=0.0) or 1.0
@@ -46,7 +47,7 @@ def chart(title: str, ts: Sequence[float], values: Sequence[float | None], now: 
 
     shapes: list[str] = []
     if bars:
-        width = max(1.0, (W - 2 * PAD) / max(len(ts), 1) * 0.8)
+        width = max(2.0, (W - 2 * PAD) * step / span)  # one step's width, however few
         for t, v in zip(ts, values, strict=True):
             if v:
                 shapes.append(f'<rect x="{x(t) - width:.1f}" y="{y(v):.1f}" '
@@ -84,7 +85,8 @@ def history(h: dict[str, Any] | None, now: float) -> str:
         chart("bytes in", ts, s["bytes_in_per_s"], now, span, "B/s"),
         chart("bytes out", ts, s["bytes_out_per_s"], now, span, "B/s"),
         chart("p99 latency", ts, s["p99_ms"], now, span, "ms"),
-        chart("telemetry pushes", ts, s["pushes"], now, span, "per step", bars=True),
+        chart("telemetry pushes", ts, s["pushes"], now, span, "per step", bars=True,
+              step=h["step_s"]),
     ]
     return (f'<h2>Last {int(span // 60)} minutes</h2><p class="sub">one point every '
             f'{e(h["step_s"])} s, for the whole proxy</p>'
@@ -98,7 +100,8 @@ def _ago(at: float | None, now: float) -> str:
     return f"{secs:.0f} s ago" if secs < 120 else f"{secs / 60:.0f} min ago"
 
 
-def _group(g: dict[str, Any], series: dict[str, Any] | None, now: float, span: float) -> str:
+def _group(g: dict[str, Any], series: dict[str, Any] | None, now: float, span: float,
+           step: float) -> str:
     state = e(g["state"]) + (f" for {e(g['rebalancing_for_s'])} s"
                              if g["rebalancing_for_s"] is not None else "")
     storm = (f' <span class="no">rebalance storm: {e(g["rebalances_recent"])} in '
@@ -120,7 +123,7 @@ def _group(g: dict[str, Any], series: dict[str, Any] | None, now: float, span: f
         charts = ('<div class="charts">'
                   + chart("lag", series["t"], series["lag"], now, span)
                   + chart("rebalances", series["t"], series["rebalances"], now, span,
-                          "per step", bars=True) + "</div>")
+                          "per step", bars=True, step=step) + "</div>")
     return (
         f'<div class="group"><h3><code>{e(g["group_id"])}</code> &middot; {e(g["protocol"])}'
         f" &middot; {state}{storm}</h3>"
@@ -138,8 +141,9 @@ def groups(gs: dict[str, Any] | None, h: dict[str, Any] | None, now: float) -> s
     if gs is None:
         return ""
     series = (h or {}).get("groups", {})
-    span = (h or {}).get("span_s", 900.0)
-    body = "".join(_group(g, series.get(g["group_id"]), now, span) for g in gs["listed"])
+    span, step = (h or {}).get("span_s", 900.0), (h or {}).get("step_s", 5.0)
+    body = "".join(_group(g, series.get(g["group_id"]), now, span, step)
+                   for g in gs["listed"])
     more = gs["more"]
     return (f"<h2>Consumer groups</h2><p>{e(gs['tracked'])} group(s) seen"
             + (f' <span class="more">({e(more)} not listed)</span>' if more else "") + "</p>"
