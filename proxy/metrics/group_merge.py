@@ -185,8 +185,9 @@ class GroupMerge:
                 fam["generation"].append(f'kproxy_group_generation{{group="{q}"}} '
                                          f"{g.generation}")
             fam["members"].append(f'kproxy_group_members{{group="{q}"}} {len(g.members)}')
-            fam["info"].append(f'kproxy_group_info{{group="{q}",protocol_type='
-                               f'"{_quote(g.protocol_type)}",assignor="{_quote(g.assignor)}"}} 1')
+            fam["info"].append(f'kproxy_group_info{{group="{q}",protocol="{_quote(g.protocol)}",'
+                               f'protocol_type="{_quote(g.protocol_type)}",'
+                               f'assignor="{_quote(g.assignor)}"}} 1')
             for member, (_seen, _gen, assigned) in g.members.items():
                 if assigned is not None:
                     fam["assigned_partitions"].append(
@@ -200,7 +201,7 @@ class GroupMerge:
                            "whichever workers saw it"),
             "generation": ("gauge", "Newest completed generation any worker saw"),
             "members": ("gauge", "Members of the group, merged over every worker"),
-            "info": ("gauge", "1 per group: its protocol type and chosen assignor"),
+            "info": ("gauge", "1 per group: its protocol, protocol type and chosen assignor"),
             "assigned_partitions": ("gauge", "Partitions assigned to each member"),
             "lag": ("gauge", "Newest high watermark seen minus newest committed offset, "
                     "per partition"),

@@ -109,8 +109,9 @@ class GroupCollector(Collector):
             "kproxy_group_members", "Members of the group, as the proxy last saw them",
             labels=["group"])
         info = GaugeMetricFamily(
-            "kproxy_group_info", "1 per group: its protocol type and chosen assignor",
-            labels=["group", "protocol_type", "assignor"])
+            "kproxy_group_info", "1 per group: its protocol (classic, consumer, share, "
+            "streams), protocol type and chosen assignor",
+            labels=["group", "protocol", "protocol_type", "assignor"])
         errors = CounterMetricFamily(
             "kproxy_group_member_errors", "Errors the coordinator answered group members "
             "with, by name", labels=["group", "error"])
@@ -128,7 +129,7 @@ class GroupCollector(Collector):
             if g.generation >= 0:
                 generation.add_metric([g.group_id], g.generation)
             members.add_metric([g.group_id], len(g.members))
-            info.add_metric([g.group_id, g.protocol_type, g.assignor], 1)
+            info.add_metric([g.group_id, g.protocol, g.protocol_type, g.assignor], 1)
             for name, n in g.errors.items():
                 errors.add_metric([g.group_id, name], n)
             for m in g.members.values():
