@@ -60,6 +60,8 @@ DECODED: dict[int, DecodedApi] = {
                    groups.LEAVE_GROUP_RESPONSE),
         DecodedApi(api_keys.CONSUMER_GROUP_HEARTBEAT, groups.CONSUMER_GROUP_HEARTBEAT_REQUEST,
                    groups.CONSUMER_GROUP_HEARTBEAT_RESPONSE),
+        DecodedApi(api_keys.SHARE_GROUP_HEARTBEAT, groups.SHARE_GROUP_HEARTBEAT_REQUEST,
+                   groups.SHARE_GROUP_HEARTBEAT_RESPONSE),
         # Streams groups (KIP-1071): observed like consumer groups, relayed untouched.
         DecodedApi(api_keys.STREAMS_GROUP_HEARTBEAT,
                    streams_groups.STREAMS_GROUP_HEARTBEAT_REQUEST,

@@ -25,6 +25,7 @@ from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request, decode_response
 from kproxy.codecs.peek import RequestPeek
+from kproxy.codecs.registry import spec_for
 from kproxy.codecs.schemas.consumer_protocol import ASSIGNMENT, decode_embedded
 from kproxy.policies.connection import (
     ConnectionState,
@@ -39,7 +40,7 @@ log = logging.getLogger("kproxy.groups")
 
 GROUP_APIS = (api_keys.JOIN_GROUP, api_keys.SYNC_GROUP, api_keys.HEARTBEAT,
               api_keys.LEAVE_GROUP, api_keys.OFFSET_COMMIT, api_keys.CONSUMER_GROUP_HEARTBEAT,
-              api_keys.STREAMS_GROUP_HEARTBEAT)
+              api_keys.SHARE_GROUP_HEARTBEAT, api_keys.STREAMS_GROUP_HEARTBEAT)
 MAX_PENDING = 1_000  # group requests remembered per connection awaiting their response
 _CORRELATION = struct.Struct(">i")
 
@@ -79,6 +80,8 @@ class GroupRequest:
 
     def request(self, conn: ConnectionState, peek: RequestPeek,
                 body: memoryview) -> RequestDecision:
+        if spec_for(peek.api_key, peek.api_version, response=False) is None:
+            return None  # a version no schema here reads (ShareGroupHeartbeat v0): relayed
         try:
             req = decode_request(body).body
             pending = conn.pending
@@ -158,6 +161,14 @@ class GroupResponse:
             t.consumer_heartbeat(req["group_id"], req["member_id"], req["member_epoch"],
                                  req.get("server_assignor"), error, resp.get("member_id"),
                                  resp["member_epoch"], assigned, now)
+            return req["group_id"], resp.get("member_id") or req["member_id"]
+        elif key == api_keys.SHARE_GROUP_HEARTBEAT:
+            assignment = resp.get("assignment")
+            assigned = None if assignment is None else sum(
+                len(tp["partitions"]) for tp in assignment["topic_partitions"])
+            t.consumer_heartbeat(req["group_id"], req["member_id"], req["member_epoch"],
+                                 None, error, resp.get("member_id"), resp["member_epoch"],
+                                 assigned, now, protocol="share")
             return req["group_id"], resp.get("member_id") or req["member_id"]
         elif key == api_keys.STREAMS_GROUP_HEARTBEAT:
             # The application's own endpoints (PartitionsByUserEndpoint, for interactive

@@ -1,7 +1,8 @@
-"""Streams groups (KIP-1071) through the group handlers: StreamsGroupHeartbeat frames
-written by an independent encoder (``kio``, generated from Kafka's message definitions),
-since no local broker speaks it. The proxy must read them with its own schema, relay
-them unchanged (the endpoints inside are the application's) and track the group."""
+"""Streams groups (KIP-1071) and share groups (KIP-932) through the group handlers:
+StreamsGroupHeartbeat and ShareGroupHeartbeat frames written by an independent encoder
+(``kio``, generated from Kafka's message definitions), since no local broker speaks
+them. The proxy must read them with its own schemas, relay them unchanged (the endpoints
+inside a streams answer are the application's) and track the groups."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from kproxy.codecs import api_keys
 from kproxy.codecs.interpreter import encode
 from kproxy.codecs.messages import decode_request, decode_response
+from kproxy.codecs.peek import peek_request
 from kproxy.codecs.registry import DECODED
 from kproxy.policies.api_versions import cap_api_versions, default_caps
 
@@ -102,3 +104,50 @@ def test_streams_heartbeat_capped_at_the_version_read_and_describe_left_alone() 
     cap_api_versions(body, default_caps())
     assert {e["api_key"]: e["max_version"] for e in body["api_keys"]} == {88: 0, 89: 1}
     assert api_keys.STREAMS_GROUP_DESCRIBE not in DECODED  # an opaque frame, untouched
+
+
+def share_frames(corr: int, member: str, epoch: int, resp_epoch: int,
+                 partitions: list[int] | None) -> tuple[bytes, bytes]:
+    """A ShareGroupHeartbeat v1 exchange (KIP-932), both frames written by kio."""
+    import uuid
+
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.schema.response_header.v1.header import ResponseHeader
+    from kio.schema.share_group_heartbeat.v1 import request as kreq
+    from kio.schema.share_group_heartbeat.v1 import response as kresp
+    from kio.static.primitive import i16, i32, i32Timedelta
+
+    req = kreq.ShareGroupHeartbeatRequest(
+        group_id="shared", member_id=member, member_epoch=i32(epoch), rack_id=None,
+        subscribed_topic_names=("t",) if epoch == 0 else None)
+    assignment = None if partitions is None else kresp.Assignment(topic_partitions=(
+        kresp.TopicPartitions(topic_id=uuid.UUID(int=5),
+                              partitions=tuple(i32(p) for p in partitions)),))
+    resp = kresp.ShareGroupHeartbeatResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        error_code=kio.schema.errors.ErrorCode(0), error_message=None, member_id=member,
+        member_epoch=i32(resp_epoch),
+        heartbeat_interval=i32Timedelta.parse(datetime.timedelta(seconds=5)),
+        assignment=assignment)
+    header = RequestHeader(request_api_key=i16(76), request_api_version=i16(1),
+                           correlation_id=i32(corr), client_id="share-app")
+    return _kio_frame(req, header), _kio_frame(resp, ResponseHeader(correlation_id=i32(corr)))
+
+
+def test_a_share_group_is_tracked_from_kio_frames() -> None:
+    bed = Bed()
+    bed.send_raw("a", *share_frames(1, "s-a", 0, 1, [0, 1, 2, 3]))
+    bed.clock.now += 1
+    bed.send_raw("b", *share_frames(2, "s-b", 0, 2, [2, 3]))
+    bed.clock.now += 1
+    bed.send_raw("a", *share_frames(3, "s-a", 1, 2, [0, 1]))
+    g = bed.tracker.groups["shared"]
+    assert g.protocol == "share" and [e.protocol for e in bed.events] == ["share", "share"]
+    assert {m.member_id: m.assigned for m in g.members.values()} == {"s-a": 2, "s-b": 2}
+    assert bed.tracker.decode_failures == 0
+    # The early-access v0 is relayed unread: no schema here reads it, nothing is counted.
+    v0 = bytearray(share_frames(4, "s-a", 2, 2, None)[0])
+    v0[3] = 0  # request_api_version 1 -> 0
+    conn = bed.conn("a")
+    assert conn.request(peek_request(memoryview(bytes(v0))), memoryview(bytes(v0))) is None
+    assert bed.tracker.decode_failures == 0
