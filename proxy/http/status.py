@@ -177,8 +177,11 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
     generation = int(_counter_values(proxy.metrics.config_reloads).get("applied", 0))
     clients = _clients(list(proxy.sessions), memory)
     now = time.time()
-    groups = {"listed": []} if proxy.groups is None else proxy.groups.status(
-        time.monotonic(), now)
+    # A worker's groups and history would be its share only: its supervisor shows the
+    # whole proxy's from its own merge and ring, so a worker spends nothing on them.
+    alone = proxy.admission.control is None
+    groups = proxy.groups.status(time.monotonic(), now) if (
+        proxy.groups is not None and alone) else None
     return {
         "generated_at": round(now, 3),
         "proxy": {
@@ -194,9 +197,9 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
         "telemetry": _telemetry(proxy),
         "filters": proxy.chain.describe(),
         "limits": _limits(proxy),
-        "groups": None if proxy.groups is None else groups,
+        "groups": groups,
         "history": memory.history.as_json(
-            [] if proxy.groups is None else [g["group_id"] for g in groups["listed"]]),
+            [g["group_id"] for g in groups["listed"]] if groups else []) if alone else None,
         # One process: its own line (with --workers N the supervisor lists every worker).
         "workers": [{"index": 0, "pid": os.getpid(), "http_port": proxy.http_port,
                      "alive": True, "restarts": 0, "answered": True, "ready": ready,
