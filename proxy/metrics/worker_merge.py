@@ -106,6 +106,14 @@ class WorkerMerge:
         # The merged groups of the last scrape, for a status page to show.
         self.last_groups: list[group_merge.MergedGroup] = []
 
+    def merge_groups(self, facts: list[dict[str, Any]], now: float
+                     ) -> list[group_merge.MergedGroup]:
+        """The groups alone (the status page's history step), kept as ``last_groups``;
+        each generation is still counted once, whichever of this and a scrape sees it."""
+        with self._lock:
+            self.last_groups = self.groups.merge(facts, now)
+            return self.last_groups
+
     def merge(self, texts: list[str | None], facts: list[dict[str, Any] | None],
               epochs: list[int], own: str, now: float) -> str:
         """``texts`` and ``facts`` per worker (None: not answered), ``epochs`` its restarts."""
