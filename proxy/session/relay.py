@@ -190,6 +190,8 @@ async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> 
             raise SessionClosed(str(exc)) from None
         slot.wire = _SIZE.pack(len(body)) + body
         await session.writer.flush()
+        if not len(session.ordered):  # its wait for the client may have no deadline
+            session.note_idle()
 
 
 async def _wait_for_room(session: Session) -> None:
