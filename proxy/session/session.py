@@ -341,8 +341,10 @@ class Session:
                     self._draining = True  # not forwarded: it fails when the connection closes
                     break
                 await handle_requests(self, reader)
-                charge.settle(reader.held())
-                await splice_request(self, reader, charge)
+                held = reader.held()
+                charge.settle(held)
+                if held:  # nothing held, no large request started: spare the coroutine
+                    await splice_request(self, reader, charge)
         finally:
             charge.release()
         # Draining: wait until every request already taken has been answered.
