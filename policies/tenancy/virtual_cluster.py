@@ -77,8 +77,9 @@ class VirtualClusterFilter(Filter):
         for key, rule in RULES.items():
             requests[key] = rule.versions
         self.requests = requests
-        responses = {api_keys.API_VERSIONS: ANY, api_keys.METADATA: RULES[3].versions,
-                     api_keys.DESCRIBE_CLUSTER: PASSED[api_keys.DESCRIBE_CLUSTER]}
+        responses: dict[int, Versions] = {
+            api_keys.API_VERSIONS: ANY, api_keys.METADATA: RULES[3].versions,
+            api_keys.DESCRIBE_CLUSTER: PASSED[api_keys.DESCRIBE_CLUSTER]}
         for key, rule in RULES.items():
             if rule.response is not None:
                 responses[key] = rule.versions

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.config.filters import TOP_LEVEL_KEYS, FilterSettings, filter_settings
-from kproxy.config.virtual_clusters import VirtualClusterSettings, virtual_clusters
 from kproxy.config.options import (
     OPTIONS,
     OPTIONS_BY_NAME,
@@ -30,6 +29,7 @@ from kproxy.config.options import (
     Option,
     parse_host_port,
 )
+from kproxy.config.virtual_clusters import VirtualClusterSettings, virtual_clusters
 from kproxy.policies.addressing import PortMap, SniNames
 from kproxy.policies.telemetry_subscriptions import (
     ALL_METRICS,

@@ -1,7 +1,7 @@
 """``[[virtual_clusters]]``: several client-facing clusters on one backend.
 
 Each table names a cluster clients see: its own bootstrap listener (``listen``), its own
-broker ports (``broker_port_base`` + node id − first node id, like the main ones), a
+broker ports (``broker_port_base`` + node id - first node id, like the main ones), a
 ``prefix`` every topic, group and transactional id of it gets on the backend, and the
 ``filters`` (names from ``[[filters]]``) it runs before the translation. Checked when
 the configuration is read: a bad table stops start-up (exit status 2) or a reload

@@ -152,6 +152,7 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
         "clients": clients,
         "telemetry": _telemetry(proxy),
         "filters": proxy.chain.describe(),
+        "virtual_clusters": [vc.row(proxy.sessions) for vc in proxy.virtual_clusters],
         "limits": _limits(proxy),
         # One process: its own line (with --workers N the supervisor lists every worker).
         "workers": [{"index": 0, "pid": os.getpid(), "http_port": proxy.http_port,

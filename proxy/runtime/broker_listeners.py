@@ -72,7 +72,8 @@ class BrokerListeners:
             self._nursery.start_soon(self._serve, listeners, f"{self.label}broker-{node_id}",
                                      node_id, scope)
             log.info("opened listener for broker", extra={"fields": {
-                "node": node_id, **({"virtual_cluster": self.label[:-1]} if self.label else {}), "bind": f"{self.config.broker_bind_host}:{port}",
+                "node": node_id, **({"virtual_cluster": self.label[:-1]} if self.label else {}),
+                "bind": f"{self.config.broker_bind_host}:{port}",
                 "advertised": ":".join(map(str, pm.advertised(node_id) or ()))}})
         if self.count_listeners:
             self.metrics.broker_listeners.set(len(self.scopes))

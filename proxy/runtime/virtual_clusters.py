@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -85,7 +85,7 @@ class VirtualCluster:
         self.bytes_in += session.bytes_in
         self.bytes_out += session.bytes_out
 
-    def row(self, sessions: Iterable[Session]) -> dict[str, object]:
+    def row(self, sessions: Iterable[Session]) -> dict[str, Any]:
         """Its line on the status page: settings and the figures of this process."""
         mine = [s for s in sessions if s.services is self.services]
         s = self.settings
@@ -120,10 +120,10 @@ class VirtualClusterCollector(Collector):
         sessions = list(self.sessions())
         for vc in self.clusters():
             row = vc.row(sessions)
-            conns.add_metric([vc.name], float(row["connections"]))  # type: ignore[arg-type]
-            accepted.add_metric([vc.name], float(row["accepted"]))  # type: ignore[arg-type]
-            moved.add_metric([vc.name, "in"], float(row["bytes_in"]))  # type: ignore[arg-type]
-            moved.add_metric([vc.name, "out"], float(row["bytes_out"]))  # type: ignore[arg-type]
+            conns.add_metric([vc.name], float(row["connections"]))
+            accepted.add_metric([vc.name], float(row["accepted"]))
+            moved.add_metric([vc.name, "in"], float(row["bytes_in"]))
+            moved.add_metric([vc.name, "out"], float(row["bytes_out"]))
         yield conns
         yield accepted
         yield moved
