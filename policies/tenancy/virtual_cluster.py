@@ -105,9 +105,13 @@ class VirtualClusterFilter(Filter):
             return None
         r = Reader(body)
         read_request_header(r)
-        msg = decode_body(rule.request, version, body, r.pos)
+        head = r.pos
+        msg = decode_from(rule.request, version, r)
         prefix_names(msg, rule.request_names, self.prefix)
-        return Forward(encode_frame(body[:r.pos], rule.request, version, msg), version)
+        # Bytes after the body travel as sent: a broker ignores them, and librdkafka 2.x
+        # writes three (an empty tag section) after its Metadata v13 requests.
+        return Forward(encode_frame(body[:head], rule.request, version, msg)
+                       + bytes(body[r.pos:]), version)
 
     # ------------------------------------------------------------------ responses
 
