@@ -176,6 +176,42 @@ def test_aiokafka_tenants(bed: Bed) -> None:
         assert "events" in topics and not [t for t in topics if t.startswith(TENANTS)]
 
 
+def test_transactions_with_the_same_transactional_id(bed: Bed) -> None:
+    """InitProducerId, AddPartitionsToTxn, EndTxn (and FindCoordinator by transactional
+    id) through both virtual clusters with one transactional id: two producers, never
+    fencing each other, each commit read back by its own tenant."""
+    from confluent_kafka import Consumer, KafkaError, Producer
+
+    producers = {}
+    for tenant in TENANTS:
+        producer = Producer({"bootstrap.servers": bed.bootstrap(tenant),
+                             "transactional.id": "tx", "transaction.timeout.ms": 10000})
+        producer.init_transactions(30)
+        producers[tenant] = producer
+    for tenant, producer in producers.items():  # the first one was not fenced
+        producer.begin_transaction()
+        producer.produce("ledger", f"tx-{tenant}".encode())
+        producer.commit_transaction(30)
+    for tenant in TENANTS:
+        consumer = Consumer({"bootstrap.servers": bed.bootstrap(tenant), "group.id": "txr",
+                             "auto.offset.reset": "earliest", "enable.partition.eof": True,
+                             "isolation.level": "read_committed", **GROUP_TIMEOUTS})
+        consumer.subscribe(["ledger"])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF and got:
+                    break
+                continue
+            got.append(msg.value())
+        consumer.close()
+        assert got == [f"tx-{tenant}".encode()]
+
+
 def _request(port: int, frame: bytes) -> bytes | None:
     """One request, its response body (None when the proxy closed the connection)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
