@@ -212,6 +212,20 @@ def test_transactions_with_the_same_transactional_id(bed: Bed) -> None:
         assert got == [f"tx-{tenant}".encode()]
 
 
+def test_kafkajs_through_a_virtual_cluster(bed: Bed) -> None:
+    """The compat scenario (create, produce, consume in a group, commit, list groups) with
+    kafkajs, through one virtual cluster; only the tenant's names come back."""
+    from ..compat.clients import by_slug
+    from ..compat.install import installed
+    from ..compat.runner import run_client
+
+    kafkajs = by_slug("kafkajs-2.2.4")
+    assert installed(kafkajs), "`make compat-test-tools` installs kafkajs"
+    out = run_client(kafkajs, bed.bootstrap("beta"), "vcluster")
+    assert out.ok, (out.steps, out.error, bed.kp.log()[-2000:])
+    assert [out.steps[s] for s in ("admin", "produce", "consume", "commit")] == ["ok"] * 4
+
+
 def _request(port: int, frame: bytes) -> bytes | None:
     """One request, its response body (None when the proxy closed the connection)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
