@@ -281,3 +281,18 @@ def test_a_reload_that_moves_listeners_or_prefixes_is_refused(tmp_path: Any) -> 
     assert reload_change(one.virtual_clusters, same.virtual_clusters) is None
     why = reload_change(one.virtual_clusters, moved.virtual_clusters)
     assert why is not None and why.startswith("virtual_clusters:") and "restart" in why
+
+
+def test_the_supervisor_sums_virtual_cluster_figures_over_workers() -> None:
+    from kproxy.http.status_merge import merge_virtual_clusters
+    from kproxy.http.status_page import _virtual_clusters
+
+    row = {"name": "a", "prefix": "a.", "bootstrap": "127.0.0.1:1", "broker_ports": "2+",
+           "advertised": "h:2", "filters": [], "connections": 1, "accepted": 2,
+           "bytes_in": 10, "bytes_out": 20}
+    merged = merge_virtual_clusters([[row], [dict(row, connections=3, bytes_in=5)]])
+    assert merged == [dict(row, connections=4, accepted=4, bytes_in=15, bytes_out=40)]
+    assert merge_virtual_clusters([]) == []
+    html = _virtual_clusters([dict(row, prefix="<a>")])
+    assert "Virtual clusters" in html and "&lt;a&gt;" in html and "<a>" not in html
+    assert _virtual_clusters([]) == ""
