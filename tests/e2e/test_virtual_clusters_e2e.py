@@ -112,8 +112,10 @@ def test_confluent_tenants_share_names_and_never_see_each_other(bed: Bed) -> Non
             [ConsumerGroupTopicPartitions("g", [TopicPartition("orders", 0)])])
         result = offsets["g"].result(20)
         assert [(tp.topic, tp.offset) for tp in result.topic_partitions] == [("orders", 1)]
-        # A second connection agrees on the cluster id (derived, stable).
+        # A second connection agrees on the cluster id (derived, stable), and so does
+        # DescribeCluster.
         assert admin.list_topics(timeout=10).cluster_id == ids[tenant]
+        assert admin.describe_cluster().result(20).cluster_id == ids[tenant]
 
 
 def test_kafka_python_tenants(bed: Bed) -> None:
@@ -226,6 +228,29 @@ def test_kafkajs_through_a_virtual_cluster(bed: Bed) -> None:
     assert [out.steps[s] for s in ("admin", "produce", "consume", "commit")] == ["ok"] * 4
 
 
+def test_admin_operations_stay_within_a_tenant(bed: Bed) -> None:
+    """DeleteTopics and DescribeConfigs name the tenant's topics only (tansu has no
+    CreatePartitions: the unit tests cover it)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    admins = {t: AdminClient({"bootstrap.servers": bed.bootstrap(t)}) for t in TENANTS}
+    for admin in admins.values():
+        for f in admin.create_topics([NewTopic("scratch", num_partitions=1)]).values():
+            f.result(20)
+    for f in admins["alpha"].delete_topics(["scratch"]).values():
+        f.result(20)
+    deadline = time.monotonic() + 20
+    while "scratch" in admins["alpha"].list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    beta = admins["beta"].list_topics(timeout=10).topics
+    assert "scratch" in beta
+    described = admins["beta"].describe_configs([ConfigResource("topic", "scratch")])
+    for resource, f in described.items():
+        f.result(20)
+        assert resource.name == "scratch"
+
+
 def _request(port: int, frame: bytes) -> bytes | None:
     """One request, its response body (None when the proxy closed the connection)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -301,8 +326,44 @@ def test_a_reload_that_moves_a_prefix_is_refused(bed: Bed) -> None:
             "restart" in bed.kp.log()
     finally:
         bed.config.write_text(bed.text)
+    from confluent_kafka.admin import NewTopic
+
     admin = AdminClient({"bootstrap.servers": bed.bootstrap("alpha")})
-    assert "orders" in admin.list_topics(timeout=10).topics  # still alpha's view
+    for f in admin.create_topics([NewTopic("kept", num_partitions=1)]).values():
+        f.result(20)
+    main = AdminClient({"bootstrap.servers": bed.kp.bootstrap})
+    assert "alpha.kept" in main.list_topics(timeout=10).topics  # the old prefix serves
+
+
+def test_a_reload_applies_a_virtual_clusters_filters(bed: Bed) -> None:
+    """Filter lists do reload: alpha gains a record-validation filter on its own names."""
+    from confluent_kafka import KafkaError, Producer
+
+    text = ('[[filters]]\nname = "json"\ntype = "record-validation"\n'
+            'topics = ["json-*"]\nvalue_format = "json"\n'
+            + bed.text.replace('prefix = "alpha."\n', 'prefix = "alpha."\nfilters = ["json"]\n'))
+    assert text.count("filters = [") == 1
+    bed.config.write_text(text)
+    try:
+        bed.kp.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while True:  # every worker applied it (the merged generation is the lowest)
+            _, status = bed.kp.http_get("/status.json")
+            snap = json.loads(status)
+            if (snap["proxy"]["config_generation"] or 0) >= 1:
+                break
+            assert time.monotonic() < deadline, bed.kp.log()[-3000:]
+            time.sleep(0.2)
+        assert [v["filters"] for v in snap["virtual_clusters"]] == [["json"], []]
+        errors: dict[str, int] = {}
+        for tenant in TENANTS:
+            producer = Producer({"bootstrap.servers": bed.bootstrap(tenant), "retries": 0})
+            producer.produce("json-events", b"not json", on_delivery=lambda err, _m, t=tenant:
+                             errors.__setitem__(t, err.code() if err else 0))
+            assert producer.flush(20) == 0
+        assert errors == {"alpha": KafkaError.INVALID_RECORD, "beta": 0}
+    finally:
+        bed.config.write_text(bed.text)
 
 
 def test_a_bad_virtual_cluster_stops_start_up_with_one_line(tmp_path: Path) -> None:
