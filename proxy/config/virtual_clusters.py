@@ -82,8 +82,6 @@ def virtual_clusters(extra: dict[str, Any], path: str | None, defined: set[str],
                ("broker_port_base", range(vc.broker_bind_port_base,
                                           vc.broker_bind_port_base + span + 1))]
         for key, ports in own:
-            if ports.start == 0:
-                continue  # a port the OS picks
             for owner, used in taken:
                 if ports.start < used.stop and used.start < ports.stop and used.start:
                     raise ConfigError(f"{at}.{key}: ports {ports.start}-{ports.stop - 1} "
@@ -114,6 +112,9 @@ def _one(table: dict[str, Any], i: int, where: str, defined: set[str],
         listen_hp = parse_host_port(listen)
     except (ValueError, ConfigError) as exc:
         raise ConfigError(f"{at}.listen: {exc}") from None
+    if listen_hp[1] == 0:
+        raise ConfigError(f"{at}.listen: a port is needed (a port the OS picks would differ "
+                          "between workers and replicas)")
     base = _port(table, "broker_port_base", at, required=True)
     advertised_base = _port(table, "advertised_port_base", at, required=False) or base
     for key, value in (("broker_port_base", base), ("advertised_port_base", advertised_base)):

@@ -247,6 +247,7 @@ def test_virtual_clusters_are_read_with_their_filters(tmp_path: Any) -> None:
      "virtual_clusters.a.filters: no filter named 'x'"),
     ('[[virtual_clusters]]\nname = "a"\nprefix = "a."\nbroker_port_base = 1\n',
      "virtual_clusters.a.listen:"),
+    (VC.format(name="a", listen=0, base=30010, prefix="a."), "virtual_clusters.a.listen: a port"),
     ('[[virtual_clusters]]\nname = "a"\nprefix = "a."\nlisten = "h:1"\n',
      "virtual_clusters.a.broker_port_base:"),
     (VC.format(name="a", listen=30000, base=30010, prefix="t.")
