@@ -4,7 +4,8 @@ Each table has a ``name``, a ``type`` (a built-in type, or ``"package.module:Cla
 for a user's filter, imported here) and the keys of that type. Building them when the
 configuration is read makes a bad filter stop start-up (and a reload keep the running
 config) with one line naming the key. ``default_filters`` lists, in order, the filters
-that run on the main listeners. ``[[virtual_clusters]]`` will name their own lists.
+that run on the main listeners; ``[[virtual_clusters]]`` name their own lists
+(``kproxy.config.virtual_clusters``).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ class FilterSettings:
     def main_chain(self) -> list[Filter]:
         return [self.defined[name] for name in self.default]
 
+    def chain_of(self, names: tuple[str, ...]) -> list[Filter]:
+        """The filters a virtual cluster lists, in order."""
+        return [self.defined[name] for name in names]
+
 
 def filter_settings(extra: dict[str, Any], path: str | None) -> FilterSettings:
     """Build the filters of a file's top-level ``filters`` and ``default_filters``."""
     where = f"{path}: " if path else ""
-    if "virtual_clusters" in extra:
-        raise ConfigError(f"{where}virtual_clusters: not supported yet; filters apply to "
-                          "the main listeners (default_filters)")
     tables = extra.get("filters", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"{where}filters: must be an array of tables ([[filters]])")

@@ -29,6 +29,7 @@ from kproxy.config.options import (
     Option,
     parse_host_port,
 )
+from kproxy.config.virtual_clusters import VirtualClusterSettings, virtual_clusters
 from kproxy.policies.addressing import PortMap, SniNames
 from kproxy.policies.telemetry_subscriptions import (
     ALL_METRICS,
@@ -116,6 +117,7 @@ class Config:
     group_max_groups: int = 1_000
     group_max_members: int = 1_000
     filters: FilterSettings = field(default_factory=FilterSettings)
+    virtual_clusters: tuple[VirtualClusterSettings, ...] = ()
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
@@ -271,7 +273,10 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         if first_port <= port <= last_port and host in (cfg.broker_bind_host, "0.0.0.0"):
             raise ConfigError(f"{name}: port {port} falls inside the broker port range "
                               f"{first_port}-{last_port}")
-    return cfg
+    vcs = virtual_clusters(extra, path, set(cfg.filters.defined), cfg.listen, cfg.http,
+                           range(first_port, last_port + 1), cfg.advertised_host,
+                           cfg.node_id_range, pm.sni is not None)
+    return dataclasses.replace(cfg, virtual_clusters=vcs) if vcs else cfg
 
 
 def _check_security(cfg: Config) -> None:

@@ -196,6 +196,7 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
         "clients": clients,
         "telemetry": _telemetry(proxy),
         "filters": proxy.chain.describe(),
+        "virtual_clusters": [vc.row(proxy.sessions) for vc in proxy.virtual_clusters],
         "limits": _limits(proxy),
         "groups": groups,
         "history": memory.history.as_json(

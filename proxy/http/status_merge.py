@@ -81,6 +81,8 @@ def merge(snapshots: Sequence[dict[str, Any] | None], workers: Sequence[WorkerIn
         "clients": merge_clients([s["clients"] for s in got]),
         "telemetry": _telemetry([s["telemetry"] for s in got]),
         "filters": merge_filters([s.get("filters") or [] for s in got]),
+        "virtual_clusters": merge_virtual_clusters([s.get("virtual_clusters") or []
+                                                    for s in got]),
         "limits": _with_global_rows(global_limits(got), limits or []),
         "workers": rows,
         "groups": groups,
@@ -260,4 +262,23 @@ def merge_filters(parts: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]
                 continue
             for decision, n in row["decisions"].items():
                 mine["decisions"][decision] = mine["decisions"].get(decision, 0) + n
+    return rows
+
+
+VC_FIGURES = ("connections", "accepted", "bytes_in", "bytes_out")
+
+
+def merge_virtual_clusters(parts: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every worker serves the same virtual clusters: the first one's rows (settings),
+    each figure summed over the workers."""
+    if not parts:
+        return []
+    rows = [dict(row) for row in parts[0]]
+    by_name = {row["name"]: row for row in rows}
+    for other in parts[1:]:
+        for row in other:
+            mine = by_name.get(row["name"])
+            if mine is not None:
+                for key in VC_FIGURES:
+                    mine[key] = mine.get(key, 0) + row.get(key, 0)
     return rows

@@ -192,6 +192,20 @@ def _filters(rows: list[dict[str, Any]] | None) -> str:
     return "<h2>Filters</h2>" + _table(["filter", "type", "reads", "does", "decisions"], out)
 
 
+def _virtual_clusters(rows: list[dict[str, Any]] | None) -> str:
+    """Each virtual cluster: its prefix, listeners, filters and figures."""
+    if not rows:
+        return ""
+    out = [[_td(f"<code>{e(v['name'])}</code>"), _td(f"<code>{e(v['prefix'])}</code>"),
+            _td(f"<code>{e(v['bootstrap'])}</code>"), _td(e(v["broker_ports"])),
+            _td(e(", ".join(v["filters"])) or "&ndash;"), _td(e(v["connections"]), True),
+            _td(e(v["accepted"]), True), _td(_bytes(v["bytes_in"]), True),
+            _td(_bytes(v["bytes_out"]), True)] for v in rows]
+    return "<h2>Virtual clusters</h2>" + _table(
+        ["name", "prefix", "bootstrap", "broker ports", "filters", "connections",
+         "accepted", "bytes in", "bytes out"], out)
+
+
 def _workers(rows: list[dict[str, Any]] | None) -> str:
     """One line per worker process (a snapshot merged by the supervisor only)."""
     if rows is None:
@@ -228,5 +242,6 @@ def render(snap: dict[str, Any]) -> str:
         + _backend(snap["backend"], now)
         + status_charts.groups(snap.get("groups"), snap.get("history"), now)
         + _clients(snap["clients"], now)
-        + _filters(snap.get("filters")) + _limits(snap["limits"])
+        + _filters(snap.get("filters")) + _virtual_clusters(snap.get("virtual_clusters"))
+        + _limits(snap["limits"])
         + _telemetry(snap["telemetry"]) + _workers(snap.get("workers")) + "</body></html>\n")

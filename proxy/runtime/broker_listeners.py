@@ -27,8 +27,10 @@ Serve = Callable[[list[trio.SocketListener], str, int | None, trio.CancelScope],
 
 class BrokerListeners:
     def __init__(self, config: Config, state: ProxyState, metrics: ProxyMetrics,
-                 ratelog: RateLimitedLog) -> None:
+                 ratelog: RateLimitedLog, label: str = "", count_listeners: bool = True) -> None:
         self.config = config
+        self.label = label  # a virtual cluster's listeners: "<name>/broker-N"
+        self.count_listeners = count_listeners
         self.state = state
         self.metrics = metrics
         self.ratelog = ratelog
@@ -50,7 +52,8 @@ class BrokerListeners:
             return  # every Metadata response lands here: the usual case is no change
         for node_id in sorted(set(self.scopes) - wanted):
             self.scopes.pop(node_id).cancel()
-            log.info("closed listener for departed broker", extra={"fields": {"node": node_id}})
+            log.info("closed listener for departed broker", extra={"fields": {
+                "node": node_id, "listener": f"{self.label}broker-{node_id}"}})
         if self.closed:
             return
         for node_id in sorted(wanted - set(self.scopes)):
@@ -66,12 +69,14 @@ class BrokerListeners:
             scope = trio.CancelScope()
             self.scopes[node_id] = scope
             assert self._nursery is not None and self._serve is not None
-            self._nursery.start_soon(self._serve, listeners, f"broker-{node_id}", node_id,
-                                     scope)
+            self._nursery.start_soon(self._serve, listeners, f"{self.label}broker-{node_id}",
+                                     node_id, scope)
             log.info("opened listener for broker", extra={"fields": {
-                "node": node_id, "bind": f"{self.config.broker_bind_host}:{port}",
+                "node": node_id, **({"virtual_cluster": self.label[:-1]} if self.label else {}),
+                "bind": f"{self.config.broker_bind_host}:{port}",
                 "advertised": ":".join(map(str, pm.advertised(node_id) or ()))}})
-        self.metrics.broker_listeners.set(len(self.scopes))
+        if self.count_listeners:
+            self.metrics.broker_listeners.set(len(self.scopes))
 
     def close_all(self) -> None:
         self.closed = True

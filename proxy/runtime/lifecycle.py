@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from kproxy.config.settings import RESTART_ONLY, Config, ConfigError, option_value
+from kproxy.config.virtual_clusters import reload_change
 from kproxy.runtime import worker_link
 from kproxy.runtime.tls import server_context, upstream_context
 
@@ -67,6 +68,9 @@ async def reload(proxy: Proxy) -> bool:
         return False
     try:
         new = proxy.reload_config()
+        why = reload_change(proxy.config.virtual_clusters, new.virtual_clusters)
+        if why is not None:
+            raise ConfigError(why)
         # Certificates are read again, so a rotated certificate serves new connections.
         server_tls, upstream_tls = server_context(new), upstream_context(new)
     except ConfigError as exc:

@@ -46,6 +46,7 @@ from kproxy.runtime.broker_listeners import BrokerListeners
 from kproxy.runtime.listeners import open_listeners
 from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upstream_context
 from kproxy.runtime.upstream import BootstrapRotation, UpstreamConnector
+from kproxy.runtime.virtual_clusters import VirtualCluster, VirtualClusterCollector
 from kproxy.session.events import SessionEvents
 from kproxy.session.parking import ParkingLot
 from kproxy.session.session import Session
@@ -109,6 +110,15 @@ class Proxy:
                                             for s in self.sessions]
         self.listeners = BrokerListeners(config, self.state, metrics, self.ratelog)
         self.backend.on_view_change.append(self.listeners.sync)
+        # Virtual clusters: their own listeners, port maps and chains over this backend.
+        self.virtual_clusters = [
+            VirtualCluster(vc, config, self.services, self.builtins, self.filter_counts,
+                           api_caps(config)) for vc in config.virtual_clusters]
+        for vcluster in self.virtual_clusters:
+            self.backend.on_view_change.append(vcluster.listeners.sync)
+        if self.virtual_clusters:
+            metrics.registry.register(VirtualClusterCollector(
+                lambda: self.virtual_clusters, lambda: self.sessions))
         self.admission = Admission(config, metrics, self.ratelog)  # counted at accept
         self.exposition = Exposition(metrics.registry, metrics.piece_sources)
         metrics.watch_budget(self.budget)
@@ -140,8 +150,12 @@ class Proxy:
         # chain (a response already awaited keeps its follow-up, held by the connection).
         self.chain = self._chain(new)
         self.services.handlers = self.chain.handlers
+        # Listeners and prefixes are start-only (a reload changing them is rejected).
+        for vcluster, settings in zip(self.virtual_clusters, new.virtual_clusters,
+                                      strict=True):
+            vcluster.reconfigure(new, settings, api_caps(new))
         for session in self.sessions:
-            session.conn.set_handlers(self.chain.handlers)
+            session.conn.set_handlers(session.services.handlers)
 
     def _chain(self, config: Config) -> FilterChain:
         chain = FilterChain(self.builtins, config.filters.main_chain(), self.filter_counts)
@@ -188,6 +202,8 @@ class Proxy:
                     self.state.serve_sni_on(self.bootstrap_port)
                 services.start_soon(self._serve, bootstrap, "bootstrap", None,
                                     self._bootstrap_scope)
+                for vcluster in self.virtual_clusters:
+                    await self._open_virtual_cluster(vcluster, services)
                 http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
                 self.http_port = http[0].socket.getsockname()[1]
                 services.start_soon(trio.serve_listeners, HttpServer(
@@ -218,14 +234,35 @@ class Proxy:
     def close_listeners(self) -> None:
         self._bootstrap_scope.cancel()
         self.listeners.close_all()
+        for vcluster in self.virtual_clusters:
+            vcluster.bootstrap_scope.cancel()
+            vcluster.listeners.close_all()
+
+    async def _open_virtual_cluster(self, vcluster: VirtualCluster,
+                                    nursery: trio.Nursery) -> None:
+        """Its bootstrap listener now (a port in use stops start-up, as the main one
+        does); its broker listeners follow the backend view."""
+        serve = partial(self._serve, services=vcluster.services, vcluster=vcluster)
+        vcluster.listeners.start(nursery, serve)
+        host, port = vcluster.settings.listen
+        bootstrap = await open_listeners(host, port, self.config.reuse_port)
+        vcluster.bootstrap_port = bootstrap[0].socket.getsockname()[1]
+        nursery.start_soon(serve, bootstrap, vcluster.name, None, vcluster.bootstrap_scope)
+        log.info("virtual cluster listening", extra={"fields": {
+            "virtual_cluster": vcluster.name, "prefix": vcluster.settings.prefix,
+            "bootstrap": f"{host}:{vcluster.bootstrap_port}",
+            "broker_ports": f"{vcluster.settings.broker_bind_port_base}"
+                            f"+(node_id-{self.config.node_id_range[0]})"}})
 
     # ------------------------------------------------------------------ accepting
 
     async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
-                     scope: trio.CancelScope) -> None:
+                     scope: trio.CancelScope, services: SessionServices | None = None,
+                     vcluster: VirtualCluster | None = None) -> None:
         # A partial, not a wrapping coroutine: every open connection waits inside its
         # handler, and each coroutine frame it waits in is memory it holds.
-        handle = partial(self._serve_one, node_id=node_id)
+        handle = partial(self._serve_one, node_id=node_id, services=services,
+                         vcluster=vcluster)
         assert self._sessions_nursery is not None
         with scope:
             try:
@@ -235,7 +272,8 @@ class Proxy:
                     await trio.aclose_forcefully(listener)
 
     async def _serve_one(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
-                         node_id: int | None) -> None:
+                         node_id: int | None, services: SessionServices | None = None,
+                         vcluster: VirtualCluster | None = None) -> None:
         """Serve an admitted connection. It owns its admission until a session takes it
         over: the session releases it when it ends, which may be long after this returns
         (a parked session has no task)."""
@@ -245,8 +283,11 @@ class Proxy:
             if accepted is None:
                 return
             client, name, node_id = accepted
-            session = Session(self.services, client, name, node_id, peer, self._session_ended)
+            session = Session(services or self.services, client, name, node_id, peer,
+                              self._session_ended)
             self.sessions.add(session)
+            if vcluster is not None:
+                vcluster.accepted += 1
         finally:
             if session is None:
                 stream.socket.close()  # idempotent: closed already when refused
@@ -283,6 +324,10 @@ class Proxy:
 
     def _session_ended(self, session: Session) -> None:
         self.sessions.discard(session)
+        if session.services is not self.services:
+            for vcluster in self.virtual_clusters:
+                if session.services is vcluster.services:
+                    vcluster.ended(session)
         self.admission.release(session.conn.info.source_address)
 
     # ------------------------------------------------------------------ discovery

@@ -145,6 +145,32 @@ async def test_tls_clients_produce_and_consume_through_the_proxy(
     assert await metric(proxy, "kproxy_tls_handshake_failures_total") >= 1
 
 
+async def test_a_virtual_cluster_serves_tls_with_the_proxy_certificate(
+        nursery: trio.Nursery, tansu: TansuBroker, pki: Pki, tmp_path: Path) -> None:
+    """A virtual cluster's bootstrap and broker listeners take the proxy's TLS settings."""
+    from ..support import broker_port_base
+
+    port, base = free_port(), broker_port_base()
+    config = tmp_path / "kproxy.toml"
+    config.write_text(f'[[virtual_clusters]]\nname = "vc"\nlisten = "127.0.0.1:{port}"\n'
+                      f'broker_port_base = {base}\nprefix = "tls."\n')
+    proxy = Proxy(make_config(tansu.bootstrap, config, tls_cert=pki.cert, tls_key=pki.key))
+    await nursery.start(lambda task_status: proxy.run(handle_signals=False,
+                                                      task_status=task_status))
+    conf = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SSL",
+            "ssl.ca.location": str(pki.ca_file)}
+    got = await trio.to_thread.run_sync(round_trip, conf, "vc-topic", 5)
+    assert got == [f"m{i}".encode() for i in range(5)]
+    assert "tls.vc-topic" in await trio.to_thread.run_sync(tansu_topics, tansu)
+
+
+def tansu_topics(tansu: TansuBroker) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": tansu.bootstrap}).list_topics(timeout=10)
+               .topics)
+
+
 async def test_mutual_tls_requires_a_certificate_from_the_trusted_ca(
         nursery: trio.Nursery, tansu: TansuBroker, pki: Pki) -> None:
     proxy = await start_proxy(nursery, tansu.bootstrap, tls_cert=pki.cert, tls_key=pki.key,

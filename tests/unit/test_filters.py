@@ -261,7 +261,7 @@ refuse = "blocked"
      'value_format = "json"\ncolour = 1\n', "filters.x.colour: unknown key"),
     ('default_filters = ["y"]\n', "default_filters: no filter named 'y'"),
     ('[[filters]]\ntype = "record-validation"\n', "filters[0].name"),
-    ('[[virtual_clusters]]\nname = "a"\n', "virtual_clusters: not supported yet"),
+    ('[[virtual_clusters]]\nname = "a"\n', "virtual_clusters.a.prefix:"),
 ])
 def test_a_bad_filter_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(settings.ConfigError, match=key.replace("[", r"\[").replace(

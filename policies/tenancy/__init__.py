@@ -1,0 +1,1 @@
+"""Virtual clusters: several client-facing clusters on one backend, by name prefix."""
