@@ -20,9 +20,11 @@ import trio
 from prometheus_client import Gauge
 
 from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
+from kproxy.auth.audit import open_audit
 from kproxy.codecs import api_keys
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
+from kproxy.http.auth import guard
 from kproxy.http.routes import routes
 from kproxy.http.server import Handler, HttpServer
 from kproxy.logs import RateLimitedLog
@@ -34,7 +36,9 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
-from kproxy.policies.filters.chain import DecisionCounts, FilterChain
+from kproxy.policies.auth.handlers import SaslSettings, make_gate, sasl_handlers
+from kproxy.policies.auth.sasl import exchange_factory
+from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterChain
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
@@ -67,6 +71,11 @@ class Proxy:
         self.state = ProxyState(config.port_map, config.legacy_clients, config.require_sasl,
                                 list(config.upstream), served_apis=served_apis(config),
                                 api_caps=api_caps(config))
+        self.audit = open_audit(config.audit_log, config.audit_log_max_bytes,
+                                config.audit_log_backups, "proxy")
+        self.sasl_settings = sasl_settings(config)
+        if config.sasl_terminate:
+            self.state.sasl_gate = make_gate(time.monotonic)
         self.archive: ArchiveWriter | None = None
         if config.archive:
             self.archive = ArchiveWriter(ArchiveSettings(
@@ -96,6 +105,11 @@ class Proxy:
         self.parking = ParkingLot(lambda: self.config.idle_timeout)
         # The filter chain: the built-in filters, then default_filters (rebuilt at a reload).
         self.builtins = builtin_filters(local, self.groups.watch if self.groups else None)
+        if config.sasl_terminate:
+            self.builtins.append(BuiltinFilter(
+                "sasl-terminate", sasl_handlers(lambda: self.sasl_settings, self.audit_record),
+                "clients log in at the proxy: SaslHandshake and SaslAuthenticate answered "
+                "here, nothing else before a login"))
         self.filter_counts = DecisionCounts()
         metrics.watch_filters(lambda: self.filter_counts.counts)
         self.chain = self._chain(config)
@@ -130,6 +144,7 @@ class Proxy:
         """A reloaded configuration: new connections and the services use it from now on."""
         self.config = self.services.config = self.listeners.config = new
         self.state.reconfigure(new.legacy_clients, new.require_sasl, new.upstream)
+        self.sasl_settings = sasl_settings(new)
         self.rotation.servers = list(new.upstream)
         self.services.connector.timeout = new.connect_timeout
         self.admission.config = new
@@ -189,8 +204,9 @@ class Proxy:
                                     self._bootstrap_scope)
                 http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
                 self.http_port = http[0].socket.getsockname()[1]
-                services.start_soon(trio.serve_listeners, HttpServer(
-                    {**routes(self), "/internal/facts": self._facts()}).handle, http)
+                services.start_soon(trio.serve_listeners, HttpServer(guard(
+                    {**routes(self), "/internal/facts": self._facts()},
+                    cfg.identity.admin_token, cfg.status_auth, self.audit_record)).handle, http)
                 await self.discover_once()
                 services.start_soon(self._discovery_loop)
                 if self.otlp is not None:
@@ -293,6 +309,14 @@ class Proxy:
             await trio.sleep(self.config.discovery_interval)
             await self.discover_once()
 
+    def audit_record(self, fields: dict[str, object]) -> None:
+        """A security event: counted, and appended to the audit log when there is one."""
+        if fields.get("event") in ("login", "reauthentication"):
+            self.metrics.sasl_logins.labels(str(fields.get("mechanism") or ""),
+                                            str(fields.get("outcome"))).inc()
+        if self.audit is not None:
+            self.audit.record(fields)
+
     def _facts(self) -> Handler:
         """``/internal/facts``: what a supervisor merges over workers (``worker_merge``)."""
         groups, tele = self.groups, self.telemetry
@@ -315,10 +339,26 @@ class Proxy:
 
 def served_apis(config: Config) -> dict[int, tuple[int, int]]:
     """APIs the proxy answers itself, as advertised in ApiVersions: key -> (min, max)."""
-    if not config.telemetry.enabled:
-        return {}
-    # Both keys, always together: a client only pushes when it sees both.
-    return {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0), api_keys.PUSH_TELEMETRY: (0, 0)}
+    served: dict[int, tuple[int, int]] = {}
+    if config.sasl_terminate:  # v0 handshakes are refused with a clear reason
+        served[api_keys.SASL_HANDSHAKE] = (0, 1)
+        served[api_keys.SASL_AUTHENTICATE] = (0, 2)
+    if config.telemetry.enabled:
+        # Both keys, always together: a client only pushes when it sees both.
+        served[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = (0, 0)
+        served[api_keys.PUSH_TELEMETRY] = (0, 0)
+    return served
+
+
+def sasl_settings(config: Config) -> SaslSettings:
+    """What a login reads, from a (re)loaded configuration: the users file as read."""
+    users = config.identity.users
+    return SaslSettings(
+        config.sasl_mechanisms,
+        exchange_factory(lambda: users) if users is not None else (lambda mechanism: None),
+        config.sasl_failed_login_delay,
+        session_lifetime_ms=int(config.sasl_session_lifetime * 1000),
+        clock=time.monotonic)
 
 
 def api_caps(config: Config) -> dict[int, int]:
