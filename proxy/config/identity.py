@@ -69,8 +69,8 @@ IDENTITY_OPTIONS: tuple[Option, ...] = (
            "rotated audit files kept (FILE.1 ... FILE.N); older ones are deleted", "N"),
     Option("admin_token_file", str, None,
            "file holding the bearer token that /admin/* (and, with status_auth, the status "
-           "page) require; needed for --admin on when the HTTP port is not on loopback",
-           "FILE"),
+           "page) require; needed for --admin on when the HTTP port is not on loopback; "
+           "read at start", "FILE", restart=True),
     Option("status_auth", parse_bool, False,
            "the status page, /status.json and /internal/facts require the admin token too "
            "(/metrics, /healthz and /readyz stay open)", "on|off", restart=True),
