@@ -77,7 +77,8 @@ def _wait(cond: Callable[[], Any], timeout: float = 20) -> Any:
     raise AssertionError("condition not met in time")
 
 
-def _ck(kp: KproxyProcess, mechanism: str, user: str, password: str, **extra: Any) -> dict[str, Any]:
+def _ck(kp: KproxyProcess, mechanism: str, user: str, password: str,
+        **extra: Any) -> dict[str, Any]:
     return {"bootstrap.servers": kp.bootstrap, "security.protocol": "SASL_PLAINTEXT",
             "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
             **extra}
