@@ -20,6 +20,8 @@ from kproxy.config.options import (
     parse_bool,
     parse_non_negative_seconds,
     parse_positive_int,
+    parse_seconds,
+    parse_url,
 )
 from kproxy.policies.auth.sasl import MECHANISMS, OAUTHBEARER
 from kproxy.policies.auth.users import UsersError, UserStore, parse_users
@@ -60,6 +62,24 @@ IDENTITY_OPTIONS: tuple[Option, ...] = (
     _sasl("sasl_session_lifetime", parse_non_negative_seconds, 0.0,
           "PLAIN/SCRAM session lifetime told to clients (KIP-368); a client must log in "
           "again on its connection before it ends; 0: no limit", "SECONDS"),
+    Option("sasl_oauthbearer_jwks_url", parse_url, None,
+           "OAUTHBEARER: the issuer's JWKS (RS256/ES256 keys), fetched at start, refreshed, "
+           "and again when a token names an unknown key", "URL",
+           ("sasl", "oauthbearer", "jwks_url"), restart=True),
+    Option("sasl_oauthbearer_issuer", str, None,
+           "OAUTHBEARER: the iss a token must carry", "ISSUER", ("sasl", "oauthbearer", "issuer")),
+    Option("sasl_oauthbearer_audience", str, None,
+           "OAUTHBEARER: the aud a token must carry", "AUDIENCE",
+           ("sasl", "oauthbearer", "audience")),
+    Option("sasl_oauthbearer_principal_claim", str, "sub",
+           "OAUTHBEARER: the claim that names the principal", "CLAIM",
+           ("sasl", "oauthbearer", "principal_claim")),
+    Option("sasl_oauthbearer_jwks_refresh", parse_seconds, 300.0,
+           "OAUTHBEARER: how often the JWKS is fetched again (also the longest backoff)",
+           "SECONDS", ("sasl", "oauthbearer", "jwks_refresh"), restart=True),
+    Option("sasl_oauthbearer_clock_skew", parse_non_negative_seconds, 30.0,
+           "OAUTHBEARER: leeway on exp and nbf", "SECONDS",
+           ("sasl", "oauthbearer", "clock_skew")),
     Option("audit_log", str, None,
            "append a JSON line per login (ok or failed), denied request, config reload and "
            "admin call to FILE; never a secret", "FILE"),
@@ -94,6 +114,10 @@ def read_identity(v: dict[str, Any], http: HostPort, admin: bool) -> Identity:
         needs_users = set(v["sasl_mechanisms"]) - {OAUTHBEARER}
         if needs_users and users is None:
             raise ConfigError(f"sasl.users_file: needed for {', '.join(sorted(needs_users))}")
+        if OAUTHBEARER in v["sasl_mechanisms"]:
+            for key in ("jwks_url", "issuer", "audience"):
+                if not v[f"sasl_oauthbearer_{key}"]:
+                    raise ConfigError(f"sasl.oauthbearer.{key}: needed for OAUTHBEARER")
     token = _read_token(v["admin_token_file"]) if v["admin_token_file"] else None
     if admin and token is None and not _loopback(http[0]):
         raise ConfigError("admin: --admin on with the HTTP port on "

@@ -127,6 +127,12 @@ class Config:
     sasl_users_file: str | None = None
     sasl_failed_login_delay: float = 1.0
     sasl_session_lifetime: float = 0.0
+    sasl_oauthbearer_jwks_url: str | None = None
+    sasl_oauthbearer_issuer: str | None = None
+    sasl_oauthbearer_audience: str | None = None
+    sasl_oauthbearer_principal_claim: str = "sub"
+    sasl_oauthbearer_jwks_refresh: float = 300.0
+    sasl_oauthbearer_clock_skew: float = 30.0
     audit_log: str | None = None
     audit_log_max_bytes: int = 10 * 1024 * 1024
     audit_log_backups: int = 5

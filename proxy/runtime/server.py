@@ -21,6 +21,7 @@ from prometheus_client import Gauge
 
 from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
 from kproxy.auth.audit import open_audit
+from kproxy.auth.jwks import JwksCache
 from kproxy.codecs import api_keys
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
@@ -37,7 +38,8 @@ from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
 from kproxy.policies.auth.handlers import SaslSettings, make_gate, sasl_handlers
-from kproxy.policies.auth.sasl import exchange_factory
+from kproxy.policies.auth.oauth import OAuthExchange, OAuthSettings
+from kproxy.policies.auth.sasl import OAUTHBEARER, Exchange, exchange_factory
 from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterChain
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
@@ -73,7 +75,11 @@ class Proxy:
                                 api_caps=api_caps(config))
         self.audit = open_audit(config.audit_log, config.audit_log_max_bytes,
                                 config.audit_log_backups, "proxy")
-        self.sasl_settings = sasl_settings(config)
+        self.jwks: JwksCache | None = None
+        if config.sasl_terminate and config.sasl_oauthbearer_jwks_url:
+            self.jwks = JwksCache(config.sasl_oauthbearer_jwks_url,
+                                  config.sasl_oauthbearer_jwks_refresh)
+        self.sasl_settings = sasl_settings(config, self.jwks)
         if config.sasl_terminate:
             self.state.sasl_gate = make_gate(time.monotonic)
         self.archive: ArchiveWriter | None = None
@@ -144,7 +150,7 @@ class Proxy:
         """A reloaded configuration: new connections and the services use it from now on."""
         self.config = self.services.config = self.listeners.config = new
         self.state.reconfigure(new.legacy_clients, new.require_sasl, new.upstream)
-        self.sasl_settings = sasl_settings(new)
+        self.sasl_settings = sasl_settings(new, self.jwks)
         self.rotation.servers = list(new.upstream)
         self.services.connector.timeout = new.connect_timeout
         self.admission.config = new
@@ -211,6 +217,8 @@ class Proxy:
                 services.start_soon(self._discovery_loop)
                 if self.otlp is not None:
                     services.start_soon(self.otlp.run)
+                if self.jwks is not None:
+                    services.start_soon(self.jwks.run)
                 if cfg.source and cfg.config_watch_interval > 0:
                     services.start_soon(lifecycle.watch_config, self, cfg.source)
                 log.info("kproxy listening", extra={"fields": {
@@ -350,12 +358,21 @@ def served_apis(config: Config) -> dict[int, tuple[int, int]]:
     return served
 
 
-def sasl_settings(config: Config) -> SaslSettings:
-    """What a login reads, from a (re)loaded configuration: the users file as read."""
+def sasl_settings(config: Config, jwks: JwksCache | None) -> SaslSettings:
+    """What a login reads, from a (re)loaded configuration: the users file as read, the
+    OAUTHBEARER checks with the JWKS as last fetched."""
     users = config.identity.users
+    others: dict[str, Callable[[], Exchange]] = {}
+    if jwks is not None and config.sasl_oauthbearer_issuer and config.sasl_oauthbearer_audience:
+        oauth = OAuthSettings(config.sasl_oauthbearer_issuer, config.sasl_oauthbearer_audience,
+                              config.sasl_oauthbearer_principal_claim,
+                              config.sasl_oauthbearer_clock_skew)
+        others[OAUTHBEARER] = lambda: OAuthExchange(oauth, jwks.keys, time.time,
+                                                    jwks.unknown_kid)
+    make = exchange_factory(lambda: users, others) if users is not None else (
+        lambda mechanism: others[mechanism]() if mechanism in others else None)
     return SaslSettings(
-        config.sasl_mechanisms,
-        exchange_factory(lambda: users) if users is not None else (lambda mechanism: None),
+        config.sasl_mechanisms, make,
         config.sasl_failed_login_delay,
         session_lifetime_ms=int(config.sasl_session_lifetime * 1000),
         clock=time.monotonic)
