@@ -18,12 +18,14 @@ from kproxy.config.options import (
     HostPort,
     Option,
     parse_bool,
+    parse_choice,
     parse_non_negative_seconds,
     parse_positive_int,
     parse_seconds,
     parse_url,
 )
 from kproxy.policies.auth.sasl import MECHANISMS, OAUTHBEARER
+from kproxy.policies.auth.upstream import UpstreamCredentials
 from kproxy.policies.auth.users import UsersError, UserStore, parse_users
 
 MAX_TOKEN_FILE_BYTES = 4096
@@ -80,6 +82,19 @@ IDENTITY_OPTIONS: tuple[Option, ...] = (
     Option("sasl_oauthbearer_clock_skew", parse_non_negative_seconds, 30.0,
            "OAUTHBEARER: leeway on exp and nbf", "SECONDS",
            ("sasl", "oauthbearer", "clock_skew")),
+    Option("sasl_upstream_mechanism", parse_choice("none", "PLAIN", "SCRAM-SHA-256",
+                                                   "SCRAM-SHA-512"), "none",
+           "with sasl.terminate: how the proxy itself logs in to the brokers (none: no "
+           "authentication)", "none|PLAIN|SCRAM-SHA-256|SCRAM-SHA-512",
+           ("sasl", "upstream", "mechanism")),
+    Option("sasl_upstream_username", str, None, "the proxy's user name at the brokers",
+           "NAME", ("sasl", "upstream", "username")),
+    Option("sasl_upstream_password", str, None,
+           "the proxy's password at the brokers (prefer the environment variable or "
+           "password_file to the config file)", "PASSWORD", ("sasl", "upstream", "password")),
+    Option("sasl_upstream_password_file", str, None,
+           "file holding the proxy's password at the brokers (read at start and reload)",
+           "FILE", ("sasl", "upstream", "password_file")),
     Option("audit_log", str, None,
            "append a JSON line per login (ok or failed), denied request, config reload and "
            "admin call to FILE; never a secret", "FILE"),
@@ -103,6 +118,7 @@ class Identity:
 
     users: UserStore | None = None
     admin_token: str | None = None
+    upstream_login: UpstreamCredentials | None = None
 
 
 def read_identity(v: dict[str, Any], http: HostPort, admin: bool) -> Identity:
@@ -119,12 +135,36 @@ def read_identity(v: dict[str, Any], http: HostPort, admin: bool) -> Identity:
                 if not v[f"sasl_oauthbearer_{key}"]:
                     raise ConfigError(f"sasl.oauthbearer.{key}: needed for OAUTHBEARER")
     token = _read_token(v["admin_token_file"]) if v["admin_token_file"] else None
+    login = _upstream_login(v)
     if admin and token is None and not _loopback(http[0]):
         raise ConfigError("admin: --admin on with the HTTP port on "
                           f"{http[0]} (beyond loopback) needs admin_token_file")
     if v["status_auth"] and token is None:
         raise ConfigError("status_auth: needs admin_token_file")
-    return Identity(users, token)
+    return Identity(users, token, login)
+
+
+def _upstream_login(v: dict[str, Any]) -> UpstreamCredentials | None:
+    mechanism = v["sasl_upstream_mechanism"]
+    if mechanism == "none":
+        return None
+    if not v["sasl_terminate"]:
+        raise ConfigError("sasl.upstream.mechanism: the proxy logs in as itself only when "
+                          "it terminates the clients' SASL (sasl.terminate = true); without "
+                          "it, the clients' own SASL passes through")
+    if not v["sasl_upstream_username"]:
+        raise ConfigError(f"sasl.upstream.username: needed for {mechanism}")
+    password = v["sasl_upstream_password"]
+    if v["sasl_upstream_password_file"]:
+        path = v["sasl_upstream_password_file"]
+        try:
+            with open(path, "rb") as fh:
+                password = fh.read(MAX_TOKEN_FILE_BYTES).decode().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"sasl.upstream.password_file {path}: {exc}") from None
+    if not password:
+        raise ConfigError(f"sasl.upstream.password: needed for {mechanism} (or password_file)")
+    return UpstreamCredentials(mechanism, v["sasl_upstream_username"], password)
 
 
 def _read_users(path: str) -> UserStore:

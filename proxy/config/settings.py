@@ -133,6 +133,10 @@ class Config:
     sasl_oauthbearer_principal_claim: str = "sub"
     sasl_oauthbearer_jwks_refresh: float = 300.0
     sasl_oauthbearer_clock_skew: float = 30.0
+    sasl_upstream_mechanism: str = "none"
+    sasl_upstream_username: str | None = None
+    sasl_upstream_password: str | None = field(default=None, repr=False)
+    sasl_upstream_password_file: str | None = None
     audit_log: str | None = None
     audit_log_max_bytes: int = 10 * 1024 * 1024
     audit_log_backups: int = 5

@@ -96,7 +96,8 @@ class Proxy:
             local[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = self.telemetry.handle_get
             local[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
         local.update(local_handlers or {})  # tests stand in their own answers
-        self.rotation = BootstrapRotation(config.upstream, upstream_context(config))
+        self.rotation = BootstrapRotation(config.upstream, upstream_context(config),
+                                          config.identity.upstream_login)
         self.events = events = SessionEvents(metrics, self.ratelog, self.archive)
         self.backend = BackendWatch(self.state, metrics, self.ratelog, self.rotation,
                                     config.node_id_range)
@@ -152,6 +153,7 @@ class Proxy:
         self.state.reconfigure(new.legacy_clients, new.require_sasl, new.upstream)
         self.sasl_settings = sasl_settings(new, self.jwks)
         self.rotation.servers = list(new.upstream)
+        self.rotation.login = new.identity.upstream_login
         self.services.connector.timeout = new.connect_timeout
         self.admission.config = new
         self.budget.limit = new.max_buffered_bytes
