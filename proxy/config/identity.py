@@ -95,6 +95,9 @@ IDENTITY_OPTIONS: tuple[Option, ...] = (
     Option("sasl_upstream_password_file", str, None,
            "file holding the proxy's password at the brokers (read at start and reload)",
            "FILE", ("sasl", "upstream", "password_file")),
+    Option("tls_principal", parse_choice("dn", "cn"), "dn",
+           "a verified client certificate's principal: its subject DN as Kafka names it "
+           "(CN=app,OU=team,O=corp), or only its CN", "dn|cn"),
     Option("audit_log", str, None,
            "append a JSON line per login (ok or failed), denied request, config reload and "
            "admin call to FILE; never a secret", "FILE"),

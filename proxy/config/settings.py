@@ -137,6 +137,7 @@ class Config:
     sasl_upstream_username: str | None = None
     sasl_upstream_password: str | None = field(default=None, repr=False)
     sasl_upstream_password_file: str | None = None
+    tls_principal: str = "dn"
     audit_log: str | None = None
     audit_log_max_bytes: int = 10 * 1024 * 1024
     audit_log_backups: int = 5

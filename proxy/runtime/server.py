@@ -37,6 +37,7 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
+from kproxy.policies.auth.cert import cert_principal
 from kproxy.policies.auth.handlers import SaslSettings, make_gate, sasl_handlers
 from kproxy.policies.auth.oauth import OAuthExchange, OAuthSettings
 from kproxy.policies.auth.sasl import OAUTHBEARER, Exchange, exchange_factory
@@ -270,6 +271,8 @@ class Proxy:
             client, name, node_id = accepted
             session = Session(self.services, client, name, node_id, peer, self._session_ended)
             self.sessions.add(session)
+            if isinstance(client, trio.SSLStream) and self.config.tls_client_auth != "none":
+                self._cert_login(session, client)
         finally:
             if session is None:
                 stream.socket.close()  # idempotent: closed already when refused
@@ -303,6 +306,18 @@ class Proxy:
                 return None
             name = f"broker-{node_id}" if node_id is not None else name
         return client, name, node_id
+
+    def _cert_login(self, session: Session, client: trio.SSLStream[trio.SocketStream]) -> None:
+        """A verified client certificate names the connection's principal (a SASL login
+        on it, when SASL is terminated here, still comes first and names it then)."""
+        principal = cert_principal(client.getpeercert(), self.config.tls_principal)
+        if principal is None:
+            return
+        conn = session.conn
+        conn.principal = principal
+        self.audit_record({"event": "login", "outcome": "ok", "mechanism": "mTLS",
+                           "principal": principal, "listener": conn.listener,
+                           "source": f"{conn.info.source_address}:{conn.info.source_port}"})
 
     def _session_ended(self, session: Session) -> None:
         self.sessions.discard(session)

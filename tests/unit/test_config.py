@@ -89,11 +89,12 @@ def test_help_documents_every_option_with_its_variable() -> None:
 def test_every_option_is_a_config_field_and_every_field_an_option() -> None:
     """The option table is the one declaration: Config's typed fields mirror it exactly
     (the telemetry_* options, besides the OTLP ones, make up Config.telemetry; the
-    [[filters]] tables, which are no options, make up Config.filters)."""
+    [[filters]] tables, which are no options, make up Config.filters; Config.identity
+    holds what the identity options' files say: the users, the admin token)."""
     import dataclasses
 
     fields = {f.name for f in dataclasses.fields(config_mod.Config)}
-    own = fields - {"telemetry", "source", "extra", "filters"}
+    own = fields - {"telemetry", "source", "extra", "filters", "identity"}
     options = {o.name for o in config_mod.OPTIONS}
     in_telemetry = {n for n in options if n == "telemetry" or (
         n.startswith("telemetry_") and not n.startswith("telemetry_otlp_"))}

@@ -186,3 +186,12 @@ def test_session_lifetime_closes_an_expired_session_unless_renewed() -> None:
         assert _ask(conn, api_keys.METADATA, 12, {"topics": None}) is None
     clock.now += 2
     assert isinstance(_ask(conn, api_keys.METADATA, 12, {"topics": None}), Close)
+
+
+def test_certificate_principal_as_kafka_names_it() -> None:
+    from kproxy.policies.auth.cert import cert_principal
+    cert = {"subject": ((("countryName", "DE"),), (("organizationName", "Corp, Inc"),),
+                        (("organizationalUnitName", "team"),), (("commonName", "app-1"),))}
+    assert cert_principal(cert) == "CN=app-1,OU=team,O=Corp\\, Inc,C=DE"
+    assert cert_principal(cert, "cn") == "app-1"
+    assert cert_principal(None) is None and cert_principal({}) is None
