@@ -21,7 +21,7 @@ from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request, encode_response_parts
 from kproxy.codecs.peek import RequestPeek
-from kproxy.policies.auth.sasl import Exchange
+from kproxy.policies.auth.sasl import Exchange, Step
 from kproxy.policies.connection import (
     Answer,
     Close,
@@ -110,7 +110,11 @@ class SaslAuthenticate:
             return self._fail(conn, peek, settings, exchange, ErrorCode.SASL_AUTHENTICATION_FAILED,
                               "Authentication failed: token too large or too many steps",
                               "token too large" if state[1] <= MAX_STEPS else "too many steps")
-        step = exchange.step(bytes(token))
+        try:
+            step = exchange.step(bytes(token))
+        except Exception as exc:  # a mechanism's library choking on hostile bytes: fail closed
+            step = Step(error="Authentication failed: malformed message",
+                        detail=f"malformed ({type(exc).__name__})")
         if step.error is not None:
             return self._fail(conn, peek, settings, exchange,
                               ErrorCode.SASL_AUTHENTICATION_FAILED, step.error,

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import scramp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.error_codes import ErrorCode
@@ -195,3 +197,18 @@ def test_certificate_principal_as_kafka_names_it() -> None:
     assert cert_principal(cert) == "CN=app-1,OU=team,O=Corp\\, Inc,C=DE"
     assert cert_principal(cert, "cn") == "app-1"
     assert cert_principal(None) is None and cert_principal({}) is None
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=3),
+       st.sampled_from(["PLAIN", "SCRAM-SHA-256"]))
+@settings(max_examples=60, deadline=None)
+def test_hostile_tokens_end_in_an_answer_or_a_refusal_never_an_error(
+        tokens: list[bytes], mechanism: str) -> None:
+    conn = _conn(_settings(), [])
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": mechanism})
+    for token in tokens:
+        decision = _ask(conn, api_keys.SASL_AUTHENTICATE, 1, {"auth_bytes": token})
+        assert isinstance(decision, Answer | Refuse)
+        if isinstance(decision, Refuse):
+            break
+    assert not conn.authenticated
