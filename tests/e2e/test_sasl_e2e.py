@@ -198,6 +198,25 @@ def test_admin_token_and_status_auth(proxy: tuple[KproxyProcess, Path]) -> None:
         assert _http(kp, path, token=TOKEN) == 200
     for path in ("/metrics", "/healthz", "/readyz"):
         assert _http(kp, path) == 200
+    # The workers guard their own loopback ports the same way; the supervisor passes the
+    # token on (its /metrics merges every worker's /internal/facts).
+    req = urllib.request.Request(f"http://127.0.0.1:{kp.http_port}/status.json",
+                                 headers={"authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        workers = json.loads(resp.read())["workers"]
+    assert len(workers) == 2
+    for worker in workers:
+        port = worker["http_port"]
+        for path in ("/internal/facts", "/status.json"):
+            url = f"http://127.0.0.1:{port}{path}"
+            try:
+                urllib.request.urlopen(url, timeout=20)
+                raise AssertionError(f"{url} answered without the token")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 401
+            authed = urllib.request.Request(url, headers={"authorization": f"Bearer {TOKEN}"})
+            with urllib.request.urlopen(authed, timeout=20) as resp:
+                assert resp.status == 200
     admin = [r for r in _audit(tmp) if r["event"] == "admin"]
     assert [r["outcome"] for r in admin] == ["denied", "denied", "ok"]
     assert all(r["process"] == "supervisor" and r["source"].startswith("127.") for r in admin)
