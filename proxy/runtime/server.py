@@ -22,6 +22,7 @@ from prometheus_client import Gauge
 from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
 from kproxy.auth.audit import open_audit
 from kproxy.auth.jwks import JwksCache
+from kproxy.auth.logins import sasl_settings
 from kproxy.codecs import api_keys
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
@@ -38,9 +39,7 @@ from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
 from kproxy.policies.auth.cert import cert_principal
-from kproxy.policies.auth.handlers import SaslSettings, make_gate, sasl_handlers
-from kproxy.policies.auth.oauth import OAuthExchange, OAuthSettings
-from kproxy.policies.auth.sasl import OAUTHBEARER, Exchange, exchange_factory
+from kproxy.policies.auth.handlers import make_gate, sasl_handlers
 from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterChain
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
@@ -373,26 +372,6 @@ def served_apis(config: Config) -> dict[int, tuple[int, int]]:
         served[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = (0, 0)
         served[api_keys.PUSH_TELEMETRY] = (0, 0)
     return served
-
-
-def sasl_settings(config: Config, jwks: JwksCache | None) -> SaslSettings:
-    """What a login reads, from a (re)loaded configuration: the users file as read, the
-    OAUTHBEARER checks with the JWKS as last fetched."""
-    users = config.identity.users
-    others: dict[str, Callable[[], Exchange]] = {}
-    if jwks is not None and config.sasl_oauthbearer_issuer and config.sasl_oauthbearer_audience:
-        oauth = OAuthSettings(config.sasl_oauthbearer_issuer, config.sasl_oauthbearer_audience,
-                              config.sasl_oauthbearer_principal_claim,
-                              config.sasl_oauthbearer_clock_skew)
-        others[OAUTHBEARER] = lambda: OAuthExchange(oauth, jwks.keys, time.time,
-                                                    jwks.unknown_kid)
-    make = exchange_factory(lambda: users, others) if users is not None else (
-        lambda mechanism: others[mechanism]() if mechanism in others else None)
-    return SaslSettings(
-        config.sasl_mechanisms, make,
-        config.sasl_failed_login_delay,
-        session_lifetime_ms=int(config.sasl_session_lifetime * 1000),
-        clock=time.monotonic)
 
 
 def api_caps(config: Config) -> dict[int, int]:

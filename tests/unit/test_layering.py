@@ -93,7 +93,7 @@ ALLOWED: dict[str, set[str]] = {
     "http": {"runtime", "session"},
     "metrics": {"http", "archive"},
     "config": set(),
-    "auth": {"http", "logs"},
+    "auth": {"http", "logs", "config"},
     "archive": {"logs"},
     "memory": set(),
     "logs": set(),
