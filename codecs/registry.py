@@ -20,6 +20,7 @@ from kproxy.codecs.schemas import (
     node_endpoints,
     offsets,
     sasl,
+    streams_groups,
     telemetry,
 )
 
@@ -59,6 +60,12 @@ DECODED: dict[int, DecodedApi] = {
                    groups.LEAVE_GROUP_RESPONSE),
         DecodedApi(api_keys.CONSUMER_GROUP_HEARTBEAT, groups.CONSUMER_GROUP_HEARTBEAT_REQUEST,
                    groups.CONSUMER_GROUP_HEARTBEAT_RESPONSE),
+        DecodedApi(api_keys.SHARE_GROUP_HEARTBEAT, groups.SHARE_GROUP_HEARTBEAT_REQUEST,
+                   groups.SHARE_GROUP_HEARTBEAT_RESPONSE),
+        # Streams groups (KIP-1071): observed like consumer groups, relayed untouched.
+        DecodedApi(api_keys.STREAMS_GROUP_HEARTBEAT,
+                   streams_groups.STREAMS_GROUP_HEARTBEAT_REQUEST,
+                   streams_groups.STREAMS_GROUP_HEARTBEAT_RESPONSE),
         DecodedApi(api_keys.OFFSET_COMMIT, offsets.OFFSET_COMMIT_REQUEST,
                    offsets.OFFSET_COMMIT_RESPONSE),
         DecodedApi(api_keys.OFFSET_FETCH, offsets.OFFSET_FETCH_REQUEST,

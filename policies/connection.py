@@ -267,8 +267,15 @@ class ConnectionState:
                 break
         observer.observe(self, api_version, memoryview(head)[4:], False)
 
-    def connected(self, upstream: HostPort) -> None:
+    def connected(self, upstream: HostPort) -> bool:
+        """Records the broker reached; False when it must not be used.
+
+        A bootstrap connect that began before a reload can complete to a server the new
+        list dropped (another cluster, perhaps): the session ends that connection, as it
+        would have ended had it been open at the change.
+        """
         self.upstream = upstream
+        return self.node_id is not None or upstream in self.shared.upstream_servers
 
     def on_change(self, change: Change) -> str | None:
         """The backend changed: the outcome to count if this connection must end."""

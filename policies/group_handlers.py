@@ -25,6 +25,7 @@ from kproxy.codecs import api_keys
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request, decode_response
 from kproxy.codecs.peek import RequestPeek
+from kproxy.codecs.registry import spec_for
 from kproxy.codecs.schemas.consumer_protocol import ASSIGNMENT, decode_embedded
 from kproxy.policies.connection import (
     ConnectionState,
@@ -38,7 +39,8 @@ from kproxy.policies.groups import GroupTracker
 log = logging.getLogger("kproxy.groups")
 
 GROUP_APIS = (api_keys.JOIN_GROUP, api_keys.SYNC_GROUP, api_keys.HEARTBEAT,
-              api_keys.LEAVE_GROUP, api_keys.OFFSET_COMMIT, api_keys.CONSUMER_GROUP_HEARTBEAT)
+              api_keys.LEAVE_GROUP, api_keys.OFFSET_COMMIT, api_keys.CONSUMER_GROUP_HEARTBEAT,
+              api_keys.SHARE_GROUP_HEARTBEAT, api_keys.STREAMS_GROUP_HEARTBEAT)
 MAX_PENDING = 1_000  # group requests remembered per connection awaiting their response
 _CORRELATION = struct.Struct(">i")
 
@@ -78,6 +80,8 @@ class GroupRequest:
 
     def request(self, conn: ConnectionState, peek: RequestPeek,
                 body: memoryview) -> RequestDecision:
+        if spec_for(peek.api_key, peek.api_version, response=False) is None:
+            return None  # a version no schema here reads (ShareGroupHeartbeat v0): relayed
         try:
             req = decode_request(body).body
             pending = conn.pending
@@ -110,12 +114,19 @@ class GroupResponse:
             entry = conn.pending.pop(correlation_id, None)
             if entry is not None and entry[0] == self.api_key:
                 resp = decode_response(body, self.api_key, api_version).body
-                self._feed(api_version, entry[1], resp)
+                who = self._feed(api_version, entry[1], resp)
+                if who is not None:
+                    info = conn.info
+                    software = f"{info.software_name or ''} {info.software_version or ''}"
+                    self.watch.tracker.identify(who[0], who[1], info.client_id,
+                                                software.strip(), self.watch.clock())
         except Exception as exc:  # observation must never break forwarding
             self.watch.failed(api_keys.api_name(self.api_key) + " response", exc)
         return Handled()
 
-    def _feed(self, version: int, req: Body, resp: Body) -> None:
+    def _feed(self, version: int, req: Body, resp: Body) -> tuple[str, str | None] | None:
+        """Hands one exchange to the tracker; returns (group, member) whose connection
+        this was, when the exchange names one member."""
         t = self.watch.tracker
         now = self.watch.clock()
         key = self.api_key
@@ -125,12 +136,15 @@ class GroupResponse:
             t.join_response(req["group_id"], error, resp["generation_id"],
                             resp.get("protocol_name"), resp["leader"], resp["member_id"],
                             [m["member_id"] for m in members] if members else None, now)
-        elif key == api_keys.SYNC_GROUP:
+            return req["group_id"], resp["member_id"]
+        if key == api_keys.SYNC_GROUP:
             t.sync_response(req["group_id"], req["member_id"], req["generation_id"], error,
                             count_assignment(resp["assignment"]), now)
-        elif key == api_keys.HEARTBEAT:
+            return req["group_id"], req["member_id"]
+        if key == api_keys.HEARTBEAT:
             t.heartbeat(req["group_id"], req["member_id"], error, now)
-        elif key == api_keys.LEAVE_GROUP:
+            return req["group_id"], req["member_id"]
+        if key == api_keys.LEAVE_GROUP:
             if version >= 3:
                 ids = [m["member_id"] for m in req["members"]]
                 for m in resp["members"]:
@@ -147,6 +161,25 @@ class GroupResponse:
             t.consumer_heartbeat(req["group_id"], req["member_id"], req["member_epoch"],
                                  req.get("server_assignor"), error, resp.get("member_id"),
                                  resp["member_epoch"], assigned, now)
+            return req["group_id"], resp.get("member_id") or req["member_id"]
+        elif key == api_keys.SHARE_GROUP_HEARTBEAT:
+            assignment = resp.get("assignment")
+            assigned = None if assignment is None else sum(
+                len(tp["partitions"]) for tp in assignment["topic_partitions"])
+            t.consumer_heartbeat(req["group_id"], req["member_id"], req["member_epoch"],
+                                 None, error, resp.get("member_id"), resp["member_epoch"],
+                                 assigned, now, protocol="share")
+            return req["group_id"], resp.get("member_id") or req["member_id"]
+        elif key == api_keys.STREAMS_GROUP_HEARTBEAT:
+            # The application's own endpoints (PartitionsByUserEndpoint, for interactive
+            # queries) are in the response: read nothing of them, change nothing.
+            tasks = resp.get("active_tasks")
+            assigned = None if tasks is None else sum(len(x["partitions"]) for x in tasks)
+            t.consumer_heartbeat(req["group_id"], req["member_id"], req["member_epoch"],
+                                 None, error, resp.get("member_id"), resp["member_epoch"],
+                                 assigned, now, protocol="streams")
+            return req["group_id"], resp.get("member_id") or req["member_id"]
+        return None
 
     def _commit(self, req: Body, resp: Body, now: float) -> None:
         """Offsets the coordinator accepted (per-partition error 0) count as committed."""

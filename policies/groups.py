@@ -11,116 +11,24 @@ the members, errors and partitions of each are LRU-capped, label values truncate
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import TypeVar
 
 from kproxy.codecs.error_codes import ErrorCode, error_name
+from kproxy.policies.group_model import (
+    DEFAULT_REBALANCE_TIMEOUT,
+    MAX_ERROR_NAMES,
+    RECENT_GENERATIONS,
+    Group,
+    GroupLimits,
+    Member,
+    Rebalance,
+    clip,
+    touch,
+)
 
-MAX_ERROR_NAMES = 32  # distinct error names kept per group
-# Completed generations remembered per group, for a supervisor to count each once
-# (``kproxy.metrics.group_merge``): more than can complete between two scrapes.
-RECENT_GENERATIONS = 16
-# JoinGroup v0 has no rebalance timeout: the coordinator then uses the session timeout;
-# for abandoning a round we never saw complete, the consumer's default is long enough.
-DEFAULT_REBALANCE_TIMEOUT = 300.0
-
-
-@dataclass(frozen=True)
-class GroupLimits:
-    max_groups: int = 1_000
-    max_members: int = 1_000  # per group; assigned-partition series are per member
-    max_partitions: int = 10_000  # committed offsets per group, and watermarks overall
-    max_label_chars: int = 128
-    expiry_seconds: float = 600.0  # a group (or a committed offset) silent this long goes
-
-
-_Entry = TypeVar("_Entry", "Group", "Member")
-
-
-def _touch(entries: OrderedDict[str, _Entry], key: str, now: float,
-           make: Callable[[str, float], _Entry], limit: int) -> tuple[_Entry, int]:
-    """The entry under ``key``, made if new, as the most recently seen; the least
-    recently seen beyond ``limit`` are dropped. Returns it and how many were dropped."""
-    entry = entries.get(key)
-    if entry is not None:
-        entries.move_to_end(key)
-        entry.last_seen = now
-        return entry, 0
-    entry = entries[key] = make(key, now)
-    evicted = 0
-    while len(entries) > limit:
-        entries.popitem(last=False)
-        evicted += 1
-    return entry, evicted
-
-
-def clip(value: str | None, limits: GroupLimits) -> str:
-    """A label value: client-chosen strings are truncated, never unbounded."""
-    if not value:
-        return ""
-    return value if len(value) <= limits.max_label_chars else value[: limits.max_label_chars]
-
-
-@dataclass
-class Member:
-    member_id: str
-    last_seen: float
-    generation: int = -1  # the generation (KIP-848: member epoch) it last reached
-    assigned: int | None = None  # partitions assigned, once an assignment was seen
-    client_id: str = ""
-
-
-@dataclass(frozen=True)
-class Rebalance:
-    """One completed rebalance, as logged and archived."""
-
-    group: str
-    generation: int
-    members_before: int
-    members_after: int
-    seconds: float
-    reason: str
-    protocol: str  # "classic" or "consumer" (KIP-848)
-    assignor: str
-    ended_at: float
-
-
-@dataclass
-class Group:
-    group_id: str
-    last_seen: float
-    protocol_type: str = ""
-    assignor: str = ""
-    kip848: bool = False
-    generation: int = -1
-    members: OrderedDict[str, Member] = field(default_factory=OrderedDict)
-    rebalances: int = 0
-    abandoned_rounds: int = 0
-    generation_size: int = 0  # members of the last completed generation
-    errors: dict[str, int] = field(default_factory=dict)
-    # The round in progress: when it started, who was in before, why, and for the
-    # classic protocol who must still receive its SyncGroup response.
-    round_started: float | None = None
-    round_members_before: int = 0
-    round_reason: str = ""
-    round_generation: int = -1
-    round_expected: set[str] | None = None  # from the leader's JoinGroup response
-    round_joined: set[str] = field(default_factory=set)
-    round_synced: set[str] = field(default_factory=set)
-    left_since_round: int = 0
-    committed: OrderedDict[tuple[str, int], tuple[int, float]] = field(
-        default_factory=OrderedDict)
-    # What several workers' views are merged from (``kproxy.metrics.group_merge``):
-    # the newest member list a leader was sent (generation, members, when), the recent
-    # completed generations (generation, ended at, seconds), and members that left or
-    # were fenced, by when: a member one worker still holds may have left through another.
-    roster: tuple[int, frozenset[str], float] | None = None
-    completed: deque[tuple[int, float, float]] = field(
-        default_factory=lambda: deque(maxlen=RECENT_GENERATIONS))
-    departed: OrderedDict[str, float] = field(default_factory=OrderedDict)
-
+__all__ = ["RECENT_GENERATIONS", "Group", "GroupLimits", "GroupTracker", "Member",
+           "Rebalance", "clip"]
 
 class GroupTracker:
     """Every group the proxy has seen recently; see the module docstring."""
@@ -139,7 +47,7 @@ class GroupTracker:
     # ------------------------------------------------------------------ helpers
 
     def group(self, group_id: str, now: float) -> Group:
-        g, evicted = _touch(self.groups, clip(group_id, self.limits), now, Group,
+        g, evicted = touch(self.groups, clip(group_id, self.limits), now, Group,
                             self.limits.max_groups)
         self.evicted_groups += evicted
         return g
@@ -147,7 +55,7 @@ class GroupTracker:
     def _member(self, g: Group, member_id: str, now: float) -> Member | None:
         if not member_id:
             return None
-        return _touch(g.members, clip(member_id, self.limits), now, Member,
+        return touch(g.members, clip(member_id, self.limits), now, Member,
                       self.limits.max_members)[0]
 
     def _drop(self, g: Group, member_id: str, now: float) -> bool:
@@ -183,10 +91,10 @@ class GroupTracker:
         assert g.round_started is not None
         g.rebalances += 1
         g.generation_size = len(g.members)
-        g.completed.append((generation, now, max(0.0, now - g.round_started)))
+        reason = g.round_reason or "unknown"
+        g.completed.append((generation, now, max(0.0, now - g.round_started), reason))
         event = Rebalance(g.group_id, generation, g.round_members_before, len(g.members),
-                          max(0.0, now - g.round_started), g.round_reason or "unknown",
-                          "consumer" if g.kip848 else "classic", g.assignor, now)
+                          max(0.0, now - g.round_started), reason, g.protocol, g.assignor, now)
         g.round_started = None
         g.left_since_round = 0
         if self.on_rebalance is not None:
@@ -283,11 +191,15 @@ class GroupTracker:
 
     def consumer_heartbeat(self, group_id: str, request_member_id: str, request_epoch: int,
                            assignor: str | None, error_code: int, member_id: str | None,
-                           member_epoch: int, assigned: int | None, now: float) -> None:
-        """One ConsumerGroupHeartbeat exchange (request and response together)."""
+                           member_epoch: int, assigned: int | None, now: float,
+                           protocol: str = "consumer") -> None:
+        """One heartbeat exchange (request and response together) of a group whose
+        coordinator assigns: ConsumerGroupHeartbeat, or the same epoch rules for
+        ``protocol`` "share" (ShareGroupHeartbeat) and "streams" (StreamsGroupHeartbeat,
+        whose tasks count as its assigned partitions)."""
         g = self.group(group_id, now)
         g.kip848 = True
-        g.protocol_type = "consumer"
+        g.protocol = g.protocol_type = protocol
         if assignor:
             g.assignor = clip(assignor, self.limits)
         elif not g.assignor:
@@ -327,6 +239,16 @@ class GroupTracker:
         if all(m.generation == target for m in g.members.values()):
             g.generation = target
             self._complete(g, now, target)
+
+    def identify(self, group_id: str, member_id: str | None, client_id: str | None,
+                 software: str, now: float) -> None:
+        """Who a member is: its connection's client id and software. A member is not made
+        here (nor the group): only one the traffic above made is labelled."""
+        g = self.groups.get(clip(group_id, self.limits))
+        m = g.members.get(clip(member_id, self.limits)) if g and member_id else None
+        if m is not None:
+            m.client_id = clip(client_id, self.limits)
+            m.software = clip(software, self.limits)
 
     # ------------------------------------------------------------------ offsets
 

@@ -57,9 +57,13 @@ def on_change(change: Change, connected_epoch: int, node_id: int | None,
         return None  # opened after the change: it already talks to the new backend
     if node_id is not None:
         gone = change.cluster_id is not None or node_id in change.invalid_nodes
-    else:  # a bootstrap connection not connected yet will pick a current server
-        gone = upstream is not None and (change.cluster_id is not None
-                                         or upstream not in servers)
+    elif upstream is None:
+        # A bootstrap connection still connecting: it reaches a current server (the
+        # session checks, ``reached_current``), so its client's first Metadata answer
+        # already describes the new backend; closing it would bootstrap the client twice.
+        return None
+    else:
+        gone = change.cluster_id is not None or upstream not in servers
     if gone:
         return "upstream_gone"
     if (legacy_clients == "close" and metadata_version is not None

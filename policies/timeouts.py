@@ -17,11 +17,16 @@ GONE_GRACE_S = 1.0
 
 
 def read_deadline(now: float, first_deadline: float, frames_in: int, in_flight: int,
-                  last_activity: float, idle_timeout: float) -> float:
-    """Until when to wait for the client's next bytes before looking again."""
+                  last_activity: float, idle_timeout: float, parks: bool = False) -> float:
+    """Until when to wait for the client's next bytes before looking again.
+
+    A busy connection is never idle, so a deadline on its wait only makes it look again.
+    One that ``parks`` (plain TCP) needs none: once it has nothing in flight, the
+    parking lot's sweep wakes its wait, and the wait after that has the idle deadline.
+    No deadline spares trio's deadline heap an entry per request."""
     if not frames_in:
         return first_deadline
-    if not idle_timeout:
+    if not idle_timeout or (in_flight and parks):
         return math.inf
     if in_flight:  # busy: look again later
         return now + idle_timeout

@@ -14,6 +14,10 @@ tansu speaks no share groups) and answers both with a scripted response whose
 NodeEndpoints name every fake node at its backend port, after a partition whose
 records are ``SHARE_RECORDS``, so a test can see them rewritten and the records intact.
 
+With ``canned`` (api key -> (highest version, whole response frame)) it advertises those
+APIs and answers each with its frame exactly as given (header included): for APIs tansu
+does not speak (streams groups, KIP-1071), with frames an independent encoder wrote.
+
 With ``sasl_users`` it also stands in for a SASL/PLAIN broker (tansu 0.6's
 ``--authentication`` could not be given a user here): SaslHandshake v1 and
 SaslAuthenticate, and like Kafka it closes a connection that sends anything
@@ -51,6 +55,7 @@ class FakeBroker:
     _records: bytes = b""  # those records, one buffer shared by every connection
     share_groups: bool = False  # advertise and answer ShareFetch / ShareAcknowledge
     streams: set[trio.SocketStream] = field(default_factory=set)  # connections open now
+    canned: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # key -> (max, frame)
 
     async def start(self, nursery: trio.Nursery) -> FakeBroker:
         self._records = bytes(self.fetch_bytes)
@@ -122,8 +127,12 @@ class FakeBroker:
                 apis += [(17, 1), (36, 2)]
             if self.share_groups:
                 apis += [(api_keys.SHARE_FETCH, 3), (api_keys.SHARE_ACKNOWLEDGE, 3)]
+            apis += [(k, v) for k, (v, _) in sorted(self.canned.items())]
             body = {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
                 {"api_key": k, "min_version": 0, "max_version": v} for k, v in apis]}
+        elif key in self.canned and authenticated:
+            frame_out = self.canned[key][1]
+            return struct.pack(">i", len(frame_out)) + frame_out
         elif key == api_keys.SASL_HANDSHAKE and self.sasl_users is not None:
             body = {"error_code": 0 if decode_request(frame).body["mechanism"] == "PLAIN"
                     else 33, "mechanisms": ["PLAIN"]}

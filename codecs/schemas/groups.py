@@ -1,5 +1,6 @@
 """The classic group membership protocol: JoinGroup (11), Heartbeat (12), LeaveGroup (13),
-SyncGroup (14).
+SyncGroup (14); the heartbeats of groups whose coordinator assigns: ConsumerGroupHeartbeat
+(68, KIP-848) and ShareGroupHeartbeat (76, KIP-932).
 
 The proxy forwards these byte for byte; it decodes them only to observe groups
 (``policies.groups``). The protocol metadata and assignments inside JoinGroup and
@@ -164,6 +165,37 @@ CONSUMER_GROUP_HEARTBEAT_RESPONSE = MessageSpec(
         f("heartbeat_interval_ms", "int32", "0+"),
         f("assignment", struct(
             "Assignment",
+            f("topic_partitions", array(_TOPIC_PARTITIONS), "0+"),
+        ), "0+", nullable="0+"),
+    ),
+)
+
+# KIP-932 share groups: the coordinator assigns, as in KIP-848. Version 1 only (the
+# version Kafka 4.1 made stable; the early-access v0 differed and is relayed unread).
+SHARE_GROUP_HEARTBEAT_REQUEST = MessageSpec(
+    "ShareGroupHeartbeatRequest", 76, "request", versions("1"), versions("0+"),
+    struct(
+        "ShareGroupHeartbeatRequest",
+        f("group_id", "string", "0+"),
+        f("member_id", "string", "0+"),
+        f("member_epoch", "int32", "0+"),
+        f("rack_id", "string", "0+", nullable="0+"),
+        f("subscribed_topic_names", array("string"), "0+", nullable="0+"),
+    ),
+)
+
+SHARE_GROUP_HEARTBEAT_RESPONSE = MessageSpec(
+    "ShareGroupHeartbeatResponse", 76, "response", versions("1"), versions("0+"),
+    struct(
+        "ShareGroupHeartbeatResponse",
+        f("throttle_time_ms", "int32", "0+"),
+        f("error_code", "int16", "0+"),
+        f("error_message", "string", "0+", nullable="0+"),
+        f("member_id", "string", "0+", nullable="0+"),
+        f("member_epoch", "int32", "0+"),
+        f("heartbeat_interval_ms", "int32", "0+"),
+        f("assignment", struct(
+            "ShareAssignment",
             f("topic_partitions", array(_TOPIC_PARTITIONS), "0+"),
         ), "0+", nullable="0+"),
     ),

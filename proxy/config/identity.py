@@ -110,7 +110,7 @@ IDENTITY_OPTIONS: tuple[Option, ...] = (
            "page) require; needed for --admin on when the HTTP port is not on loopback; "
            "read at start", "FILE", restart=True),
     Option("status_auth", parse_bool, False,
-           "the status page, /status.json and /internal/facts require the admin token too "
+           "the status page, /status.json and /internal/* require the admin token too "
            "(/metrics, /healthz and /readyz stay open)", "on|off", restart=True),
 )
 

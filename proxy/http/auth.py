@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from kproxy.http.server import Handler, HttpRequest, HttpResponse
 
-STATUS_PATHS = frozenset({"/", "/status.json", "/internal/facts"})
+STATUS_PATHS = frozenset({"/", "/status.json", "/internal/facts", "/internal/sample"})
 FORWARDED = "x-kproxy-forwarded"  # set by a supervisor passing an admin call on
 
 

@@ -11,6 +11,7 @@ says of itself in request headers and ApiVersions, cut to ``MAX_TEXT`` character
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import urllib.parse
@@ -20,10 +21,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import trio
 from prometheus_client import Counter
 
 from kproxy import __version__
 from kproxy.codecs import api_keys
+from kproxy.http.history import STEP, History, Sample
 from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.http.status_page import render
 from kproxy.policies.connection import ConnectionState
@@ -35,6 +38,7 @@ from kproxy.session.session import Session
 if TYPE_CHECKING:
     from kproxy.runtime.server import Proxy
 
+log = logging.getLogger("kproxy.status")
 MAX_GROUPS = 25  # software name/version groups listed
 MAX_CLIENTS = 10  # clients (client id, source address) listed per group
 MAX_VALUES = 10  # client ids / source addresses listed per group
@@ -49,9 +53,11 @@ class PushTimes:
     def __init__(self) -> None:
         self.at: weakref.WeakKeyDictionary[ConnectionState, float] = (
             weakref.WeakKeyDictionary())
+        self.count = 0  # pushes accepted since start, for the history
 
     def __call__(self, conn: ConnectionState, instance: ClientInstance, payload: bytes) -> None:
         self.at[conn] = time.time()
+        self.count += 1
 
 
 ClientKey = tuple[str, str, str, str]  # source address, client id, software name, version
@@ -93,6 +99,7 @@ class MetadataVersions:
 class _Memory:
     pushes: PushTimes = field(default_factory=PushTimes)
     metadata: MetadataVersions = field(default_factory=MetadataVersions)
+    history: History = field(default_factory=History)
 
 
 _memory: weakref.WeakKeyDictionary[Proxy, _Memory] = weakref.WeakKeyDictionary()
@@ -128,7 +135,38 @@ def routes(proxy: Proxy) -> dict[str, Handler]:
         body = json.dumps(recent(), indent=1, sort_keys=True).encode() + b"\n"
         return HttpResponse(200, body, "application/json", [("cache-control", "no-store")])
 
-    return {"/": page, "/status.json": as_json}
+    async def internal_sample(req: HttpRequest) -> HttpResponse:
+        # A supervisor's history step: this worker's counters and its group facts.
+        body: dict[str, Any] = {"sample": sample(proxy).to_json()}
+        if proxy.groups is not None:
+            body["groups"] = proxy.groups.facts(time.monotonic())
+        return HttpResponse(200, json.dumps(body, separators=(",", ":")).encode(),
+                            "application/json")
+
+    return {"/": page, "/status.json": as_json, "/internal/sample": internal_sample}
+
+
+def sample(proxy: Proxy) -> Sample:
+    """This process's figures now, for a history step."""
+    requests, bytes_in, bytes_out, latency = proxy.metrics.apis.totals()
+    memory = _memory.get(proxy) or _Memory()
+    return Sample(requests, bytes_in, bytes_out, memory.pushes.count, len(proxy.sessions),
+                  latency)
+
+
+async def record_history(proxy: Proxy) -> None:
+    """One process on its own (not a worker: its supervisor keeps the whole proxy's):
+    a history step every ``STEP`` seconds, for as long as the proxy runs."""
+    memory = _memory.get(proxy)
+    if memory is None:
+        return
+    while True:
+        try:
+            figures = [] if proxy.groups is None else proxy.groups.figures(time.monotonic())
+            memory.history.record(time.time(), [sample(proxy)], figures)
+        except Exception:  # a chart is never worth the proxy
+            log.exception("status history step failed")
+        await trio.sleep(STEP)
 
 
 def snapshot(proxy: Proxy) -> dict[str, Any]:
@@ -138,8 +176,14 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
     memory = _memory.get(proxy) or _Memory()
     generation = int(_counter_values(proxy.metrics.config_reloads).get("applied", 0))
     clients = _clients(list(proxy.sessions), memory)
+    now = time.time()
+    # A worker's groups and history would be its share only: its supervisor shows the
+    # whole proxy's from its own merge and ring, so a worker spends nothing on them.
+    alone = proxy.admission.control is None
+    groups = proxy.groups.status(time.monotonic(), now) if (
+        proxy.groups is not None and alone) else None
     return {
-        "generated_at": round(time.time(), 3),
+        "generated_at": round(now, 3),
         "proxy": {
             "host": proxy.events.hostname, "version": __version__, "ready": ready,
             "ready_reason": why,
@@ -153,6 +197,9 @@ def snapshot(proxy: Proxy) -> dict[str, Any]:
         "telemetry": _telemetry(proxy),
         "filters": proxy.chain.describe(),
         "limits": _limits(proxy),
+        "groups": groups,
+        "history": memory.history.as_json(
+            [g["group_id"] for g in groups["listed"]] if groups else []) if alone else None,
         # One process: its own line (with --workers N the supervisor lists every worker).
         "workers": [{"index": 0, "pid": os.getpid(), "http_port": proxy.http_port,
                      "alive": True, "restarts": 0, "answered": True, "ready": ready,

@@ -17,6 +17,8 @@ How each part combines:
   latency sketches are not in the JSON, and the worst worker is what an operator
   looks for;
 - telemetry: instances, series and the OTLP export's outcomes and queue summed;
+- consumer groups and the history: not from the workers' snapshots at all, but the
+  supervisor's merged group model and its own history ring, passed in;
 - limits: ``global_limits``, and the worker lines: ``worker_rows``. Both are derived
   from the workers' snapshots and the supervisor's view of its processes, in one
   place each, so that figures kept by the supervisor itself can replace them.
@@ -53,10 +55,14 @@ class WorkerInfo:
 
 
 def merge(snapshots: Sequence[dict[str, Any] | None], workers: Sequence[WorkerInfo],
-          now: float, limits: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+          now: float, limits: list[dict[str, Any]] | None = None,
+          groups: dict[str, Any] | None = None,
+          history: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole proxy's snapshot; ``snapshots[i]`` is worker i's, None if it did not
     answer. ``limits``: global limit rows kept elsewhere, each instead of the derived
-    row of the same limit."""
+    row of the same limit. ``groups`` and ``history``: the supervisor's own, made from
+    the merged group model and its history ring (a worker's cover its connections only,
+    so they are never combined here)."""
     got = [s for s in snapshots if s is not None]
     rows = worker_rows(snapshots, workers)
     ready = sum(1 for r in rows if r["ready"])
@@ -77,6 +83,8 @@ def merge(snapshots: Sequence[dict[str, Any] | None], workers: Sequence[WorkerIn
         "filters": merge_filters([s.get("filters") or [] for s in got]),
         "limits": _with_global_rows(global_limits(got), limits or []),
         "workers": rows,
+        "groups": groups,
+        "history": history,
     }
 
 

@@ -1,6 +1,7 @@
 """The status page as HTML, from ``kproxy.http.status.snapshot``'s dict: pure, no I/O.
 
 One self-contained document: inline CSS, no script, no external asset, a meta refresh.
+The charts and the consumer groups are drawn by ``status_charts`` (inline SVG).
 Every value goes through ``html.escape``: client ids and software names are whatever
 clients chose to send.
 """
@@ -12,6 +13,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from kproxy.http import status_charts
+
 REFRESH_SECONDS = 10
 
 CSS = """
@@ -22,7 +25,16 @@ th,td{border:1px solid #d8dce5;padding:.25em .6em;text-align:left;vertical-align
 th{background:#eef1f6;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .yes{color:#17713a;font-weight:600}.no{color:#b3261e;font-weight:600}.mixed{color:#a05a00}
 .hit{background:#fde8e6}.more{color:#5a6275;font-style:italic}
-code{font:12px ui-monospace,monospace}.group{margin:1em 0 1.4em}
+code{font:12px ui-monospace,monospace;overflow-wrap:anywhere}.group{margin:1em 0 1.4em}
+p,h1,h2,h3{overflow-wrap:anywhere}.wide{max-width:100%;overflow-x:auto}
+.charts{display:flex;flex-wrap:wrap;gap:.6em 1.2em;margin:.4em 0}
+.chart{margin:0;flex:1 1 240px;max-width:340px;min-width:0}
+.chart figcaption{font-size:12px;color:#5a6275}
+.chart svg{display:block;width:100%;height:64px}
+.chart svg .frame{fill:#fff;stroke:#d8dce5}
+.chart svg polyline{fill:none;stroke:#2563c9;stroke-width:1.5;vector-effect:non-scaling-stroke}
+.chart svg rect:not(.frame){fill:#c2571a}
+@media (max-width:600px){body{margin:.6em}}
 """
 
 
@@ -62,10 +74,11 @@ def _v13(value: str) -> str:
 
 def _table(head: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") -> str:
     """Cells are HTML already (escaped by the caller)."""
-    out = [f'<table class="{cls}"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    out = [f'<div class="wide"><table class="{cls}"><tr>'
+           + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for row in rows:
         out.append("<tr>" + "".join(row) + "</tr>")
-    return "".join(out) + "</table>"
+    return "".join(out) + "</table></div>"
 
 
 def _td(value: str, numeric: bool = False) -> str:
@@ -145,7 +158,8 @@ def _limits(limits: list[dict[str, Any]]) -> str:
             _td('<span class="no">at limit</span>' if lim["hit_now"] else "")]) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("limit", "value", "in use now", "hits so far",
                                              "now"))
-    return f"<h2>Limits</h2><table><tr>{head}</tr>{''.join(rows)}</table>"
+    return (f'<h2>Limits</h2><div class="wide"><table><tr>{head}</tr>{"".join(rows)}'
+            "</table></div>")
 
 
 def _telemetry(t: dict[str, Any]) -> str:
@@ -210,6 +224,9 @@ def render(snap: dict[str, Any]) -> str:
         f"&middot; bootstrap <code>{e(p['bootstrap'])}</code> &middot; advertised host "
         f"<code>{e(p['advertised_host'])}</code> &middot; {e(stamp)} &middot; "
         f'<a href="/status.json">status.json</a> &middot; <a href="/metrics">metrics</a></p>'
-        + _backend(snap["backend"], now) + _clients(snap["clients"], now)
+        + status_charts.history(snap.get("history"), now)
+        + _backend(snap["backend"], now)
+        + status_charts.groups(snap.get("groups"), snap.get("history"), now)
+        + _clients(snap["clients"], now)
         + _filters(snap.get("filters")) + _limits(snap["limits"])
         + _telemetry(snap["telemetry"]) + _workers(snap.get("workers")) + "</body></html>\n")

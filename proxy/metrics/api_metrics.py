@@ -82,6 +82,15 @@ class ApiFigures:
                 self._by_key[api_key] = found
         return found
 
+    def totals(self) -> tuple[int, int, int, list[int]]:
+        """Over every API: requests, request bytes, response bytes, latency bucket counts
+        (per bucket of ``LATENCY_BUCKETS``, the last +Inf), for the status page's history."""
+        stats = list(self._by_key.values())
+        buckets = [sum(col) for col in zip(*(s.buckets for s in stats), strict=True)] \
+            if stats else [0] * (len(LATENCY_BUCKETS) + 1)
+        return (sum(s.requests for s in stats), sum(s.request_bytes for s in stats),
+                sum(s.response_bytes for s in stats), buckets)
+
     def labels(self) -> set[str]:
         """The ``api`` label values in use (made-up keys share ``unknown``)."""
         return {s.name for s in self._by_key.values()}

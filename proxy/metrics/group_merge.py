@@ -51,9 +51,10 @@ def group_facts(tracker: GroupTracker, now: float) -> Facts:
     for g in tracker.groups.values():
         groups[g.group_id] = {
             "seen": g.last_seen, "protocol_type": g.protocol_type, "assignor": g.assignor,
-            "generation": g.generation,
-            "members": [[m.member_id, m.last_seen, m.generation, m.assigned]
-                        for m in g.members.values()],
+            "generation": g.generation, "protocol": g.protocol,
+            "round_started": g.round_started,
+            "members": [[m.member_id, m.last_seen, m.generation, m.assigned, m.client_id,
+                         m.software] for m in g.members.values()],
             "departed": [[k, t] for k, t in g.departed.items()],
             "roster": None if g.roster is None else [
                 g.roster[0], sorted(g.roster[1]), g.roster[2]],
@@ -97,6 +98,11 @@ class MergedGroup:
     assignor: str
     lag: list[tuple[str, int, int]]
     rebalances: int
+    protocol: str = "classic"  # classic, consumer, share or streams
+    rebalancing_since: float | None = None  # a round in progress: when it started (monotonic)
+    # Recent completed rebalances, newest last: (generation, ended at, seconds, reason).
+    completed: list[tuple[int, float, float, str]] = field(default_factory=list)
+    clients: dict[str, tuple[str, str]] = field(default_factory=dict)  # member -> (id, software)
 
 
 class GroupMerge:
@@ -134,18 +140,31 @@ class GroupMerge:
                 self.counted.popitem(last=False)
         self.counted.move_to_end(gid)
         counted.reported_at = now
-        longest: dict[int, float] = {}
+        longest: dict[int, tuple[float, float, str]] = {}  # generation -> (seconds, ended, why)
         for v in views:
-            for generation, _ended, seconds in v.get("completed", []):
-                longest[int(generation)] = max(longest.get(int(generation), 0.0), seconds)
+            for row in v.get("completed", []):
+                generation, ended, seconds = int(row[0]), float(row[1]), float(row[2])
+                why = str(row[3]) if len(row) > 3 else "unknown"
+                if generation not in longest or seconds > longest[generation][0]:
+                    longest[generation] = (seconds, ended, why)
         for generation in sorted(longest):
             if counted.count(generation):
-                self._observe(longest[generation])
+                self._observe(longest[generation][0])
         newest = max(views, key=lambda v: v.get("seen", 0.0))
-        return MergedGroup(gid, max(int(v.get("generation", -1)) for v in views),
-                           _members(views, self.limits.max_members),
+        members = _members(views, self.limits.max_members)
+        completed = [(gen, ended, seconds, why) for gen, (seconds, ended, why)
+                     in sorted(longest.items())][-KEPT_GENERATIONS:]
+        # A round in progress: the earliest start some worker saw after the newest
+        # completed generation ended (a worker that missed the end still holds its round).
+        done = completed[-1][1] if completed else -math.inf
+        starts = [float(s) for v in views if (s := v.get("round_started")) is not None
+                  and float(s) >= done]
+        return MergedGroup(gid, max(int(v.get("generation", -1)) for v in views), members,
                            newest.get("protocol_type", ""), newest.get("assignor", ""),
-                           _lag(views, marks), counted.rebalances)
+                           _lag(views, marks), counted.rebalances,
+                           protocol=newest.get("protocol", "classic"),
+                           rebalancing_since=min(starts, default=None), completed=completed,
+                           clients=_clients(views, members))
 
     def _observe(self, seconds: float) -> None:
         self.observed += 1
@@ -166,8 +185,9 @@ class GroupMerge:
                 fam["generation"].append(f'kproxy_group_generation{{group="{q}"}} '
                                          f"{g.generation}")
             fam["members"].append(f'kproxy_group_members{{group="{q}"}} {len(g.members)}')
-            fam["info"].append(f'kproxy_group_info{{group="{q}",protocol_type='
-                               f'"{_quote(g.protocol_type)}",assignor="{_quote(g.assignor)}"}} 1')
+            fam["info"].append(f'kproxy_group_info{{group="{q}",protocol="{_quote(g.protocol)}",'
+                               f'protocol_type="{_quote(g.protocol_type)}",'
+                               f'assignor="{_quote(g.assignor)}"}} 1')
             for member, (_seen, _gen, assigned) in g.members.items():
                 if assigned is not None:
                     fam["assigned_partitions"].append(
@@ -181,7 +201,7 @@ class GroupMerge:
                            "whichever workers saw it"),
             "generation": ("gauge", "Newest completed generation any worker saw"),
             "members": ("gauge", "Members of the group, merged over every worker"),
-            "info": ("gauge", "1 per group: its protocol type and chosen assignor"),
+            "info": ("gauge", "1 per group: its protocol, protocol type and chosen assignor"),
             "assigned_partitions": ("gauge", "Partitions assigned to each member"),
             "lag": ("gauge", "Newest high watermark seen minus newest committed offset, "
                     "per partition"),
@@ -209,7 +229,8 @@ def _members(views: list[Facts], cap: int) -> dict[str, tuple[float, int, int | 
     departed: dict[str, float] = {}
     roster: tuple[int, float, frozenset[str]] | None = None
     for v in views:
-        for member, at, generation, assigned in v.get("members", []):
+        for row in v.get("members", []):
+            member, at, generation, assigned = row[:4]
             if member not in seen or at >= seen[member][0]:
                 seen[member] = (at, int(generation), assigned)
         for member, at in v.get("departed", []):
@@ -227,6 +248,18 @@ def _members(views: list[Facts], cap: int) -> dict[str, tuple[float, int, int | 
         if len(alive) >= cap:
             break
     return alive
+
+
+def _clients(views: list[Facts], members: dict[str, tuple[float, int, int | None]]
+             ) -> dict[str, tuple[str, str]]:
+    """Each listed member's client id and software, from the worker that saw it last."""
+    out: dict[str, tuple[float, str, str]] = {}
+    for v in views:
+        for row in v.get("members", []):
+            if len(row) >= 6 and row[0] in members and (row[4] or row[5]) and (
+                    row[0] not in out or row[1] >= out[row[0]][0]):
+                out[row[0]] = (row[1], str(row[4]), str(row[5]))
+    return {m: (cid, sw) for m, (_, cid, sw) in out.items()}
 
 
 def _lag(views: list[Facts], marks: dict[tuple[str, int], tuple[float, int]]

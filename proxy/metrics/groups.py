@@ -13,12 +13,15 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kproxy.archive import ArchiveWriter
+from kproxy.metrics import group_status
+from kproxy.metrics.group_merge import GroupMerge, MergedGroup, group_facts
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies.fetch_watermarks import TopicNames
 from kproxy.policies.group_handlers import GroupWatch
@@ -46,6 +49,29 @@ class GroupService:
             "of the new generation (KIP-848: until every member reached the new epoch)",
             buckets=REBALANCE_BUCKETS, registry=r)
         r.register(GroupCollector(self))
+        # One process's groups in the merged shape the status page reads (as a
+        # supervisor's are), counted by this process's own tracker.
+        self._merge = GroupMerge(limits)
+
+    def facts(self, now: float) -> dict[str, Any]:
+        """What a supervisor merges (``/internal/facts``, ``/internal/sample``)."""
+        return group_facts(self.tracker, now)
+
+    def merged(self, now: float) -> list[MergedGroup]:
+        groups = self._merge.merge([self.facts(now)], now)
+        for g in groups:
+            own = self.tracker.groups.get(g.group_id)
+            if own is not None:
+                g.rebalances = own.rebalances
+        return groups
+
+    def figures(self, now: float) -> list[tuple[str, int | None, int]]:
+        """Per group what the status page's history keeps: total lag, rebalances."""
+        return group_status.history_figures(self.merged(now))
+
+    def status(self, now: float, wall: float) -> dict[str, Any]:
+        """The ``groups`` part of this process's status snapshot."""
+        return group_status.rows(self.merged(now), now, wall)
 
     def rebalanced(self, event: Rebalance) -> None:
         """One completed rebalance: counted by the tracker, logged, observed, archived."""
@@ -83,8 +109,9 @@ class GroupCollector(Collector):
             "kproxy_group_members", "Members of the group, as the proxy last saw them",
             labels=["group"])
         info = GaugeMetricFamily(
-            "kproxy_group_info", "1 per group: its protocol type and chosen assignor",
-            labels=["group", "protocol_type", "assignor"])
+            "kproxy_group_info", "1 per group: its protocol (classic, consumer, share, "
+            "streams), protocol type and chosen assignor",
+            labels=["group", "protocol", "protocol_type", "assignor"])
         errors = CounterMetricFamily(
             "kproxy_group_member_errors", "Errors the coordinator answered group members "
             "with, by name", labels=["group", "error"])
@@ -102,7 +129,7 @@ class GroupCollector(Collector):
             if g.generation >= 0:
                 generation.add_metric([g.group_id], g.generation)
             members.add_metric([g.group_id], len(g.members))
-            info.add_metric([g.group_id, g.protocol_type, g.assignor], 1)
+            info.add_metric([g.group_id, g.protocol, g.protocol_type, g.assignor], 1)
             for name, n in g.errors.items():
                 errors.add_metric([g.group_id, name], n)
             for m in g.members.values():

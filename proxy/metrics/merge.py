@@ -30,7 +30,11 @@ from collections.abc import Iterable
 MAX_GAUGES = frozenset({"kproxy_topology_epoch", "kproxy_backend_brokers",
                         "kproxy_broker_listeners", "kproxy_open_file_limit",
                         # the supervisor's global figure; each worker's own is never above it
-                        "kproxy_max_connections_effective"})
+                        "kproxy_max_connections_effective",
+                        # the longest of any worker's, not a share
+                        "kproxy_telemetry_decode_longest_step_cpu_seconds",
+                        "kproxy_scrape_seconds", "kproxy_scrape_longest_slice_seconds",
+                        "kproxy_scrape_longest_slice_cpu_seconds"})
 MIN_GAUGES = frozenset({"kproxy_ready"})
 # Counters of one event every worker sees for itself (a backend change, a reload on
 # SIGHUP): the proxy saw it once, so the highest count, as one process would show.
@@ -68,8 +72,13 @@ def _combine(family: str, sample: str, kind: str, values: list[float],
     return sum(values)
 
 
-def merge_expositions(texts: Iterable[str], sum_clients: bool = False) -> str:
-    """One Prometheus text exposition out of several, each series once."""
+def merge_expositions(texts: Iterable[str], sum_clients: bool = False,
+                      passed: dict[str, list[str]] | None = None) -> str:
+    """One Prometheus text exposition out of several, each series once.
+
+    ``passed``: per family, sample lines known to be the only ones of their series
+    (``worker_merge`` decides): written after the family's combined samples as they are.
+    """
     help_: dict[str, str] = {}
     types: dict[str, str] = {}
     order: list[str] = []  # families, first seen first
@@ -109,6 +118,10 @@ def merge_expositions(texts: Iterable[str], sum_clients: bool = False) -> str:
         for (sample, labels), values in series[family].items():
             value = _combine(family, sample, kind, values, sum_clients)
             out.append(f"{sample}{labels} {_format(value)}")
+        if passed and family in passed:
+            out.extend(passed.pop(family))
+    for lines in (passed or {}).values():  # no header seen: as they came
+        out.extend(lines)
     return "\n".join(out) + "\n"
 
 

@@ -19,12 +19,10 @@ Workers share the machine's monotonic clock, so push times compare. Pure.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from kproxy.policies.telemetry import TelemetryState
 
-INSTANCE = re.compile(r'client_instance_id="([^"]*)"')
 Facts = dict[str, Any]
 
 
@@ -48,18 +46,15 @@ def winners(facts: list[Facts | None]) -> dict[str, int]:
     return {instance: index for instance, (_, index) in best.items()}
 
 
+def shared(facts: list[Facts | None]) -> set[str]:
+    """Instances more than one worker remembers (they reconnected to another one)."""
+    seen: set[str] = set()
+    both: set[str] = set()
+    for worker in facts:
+        for instance, _ in (worker or {}).get("pushed", []):
+            (both if instance in seen else seen).add(instance)
+    return both
+
+
 def delta(facts: list[Facts | None]) -> bool:
     return any((f or {}).get("delta") for f in facts)
-
-
-def keep(worker: int, labels: str, won: dict[str, int], additive: bool) -> bool:
-    """Whether worker ``worker``'s line of a client series (its label text) is kept:
-    additive lines (delta counters, histograms) from every worker, others from the
-    winner; an instance no worker told of is kept everywhere (the highest wins)."""
-    if additive:
-        return True
-    found = INSTANCE.search(labels)
-    if found is None:
-        return True
-    winner = won.get(found.group(1))
-    return winner is None or winner == worker

@@ -15,6 +15,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -72,17 +73,46 @@ class CounterFloors:
         return out
 
 
+@dataclass
+class ClientLines:
+    """How client telemetry lines are taken this scrape (cumulative temporality).
+
+    A line of the worker with its instance's newest push (``won``) is the only one of
+    its series: it is passed through as it came, unparsed, except a counter of an
+    instance ``watched`` (held by more than one worker now, or at a scrape before while
+    some worker still reports it), which is served at least as high as before
+    (``before``, ``now``). Lines of an instance no worker told of are combined.
+    """
+
+    won: dict[str, int]
+    delta: bool
+    watched: set[str]
+    before: dict[Key, float]
+    now: dict[Key, float] = field(default_factory=dict)
+    now_watched: set[str] = field(default_factory=set)
+    passed: dict[str, list[str]] = field(default_factory=dict)
+
+
 class WorkerMerge:
     def __init__(self, limits: GroupLimits | None = None) -> None:
         self.groups = group_merge.GroupMerge(limits)
         self.floors = CounterFloors()
         self._lock = threading.Lock()  # scrapes merge on threads; one at a time
-        # Cumulative client counters: the highest value served, per series, so that one
-        # never goes backwards when the worker with an instance's newest push goes away
-        # and an older push is all that is left (kept while some worker reports it).
+        # Cumulative client counters of watched instances: the highest value served,
+        # per series, so that one never goes backwards when the worker with an
+        # instance's newest push goes away and an older push is all that is left.
         self.highest: dict[Key, float] = {}
+        self.watched: set[str] = set()
         # The merged groups of the last scrape, for a status page to show.
         self.last_groups: list[group_merge.MergedGroup] = []
+
+    def merge_groups(self, facts: list[dict[str, Any]], now: float
+                     ) -> list[group_merge.MergedGroup]:
+        """The groups alone (the status page's history step), kept as ``last_groups``;
+        each generation is still counted once, whichever of this and a scrape sees it."""
+        with self._lock:
+            self.last_groups = self.groups.merge(facts, now)
+            return self.last_groups
 
     def merge(self, texts: list[str | None], facts: list[dict[str, Any] | None],
               epochs: list[int], own: str, now: float) -> str:
@@ -94,7 +124,8 @@ class WorkerMerge:
                epochs: list[int], own: str, now: float) -> str:
         tele = [(f or {}).get("telemetry") for f in facts]
         delta = telemetry_merge.delta(tele)
-        won = telemetry_merge.winners(tele)
+        clients = ClientLines(telemetry_merge.winners(tele), delta,
+                              telemetry_merge.shared(tele) | self.watched, self.highest)
         group_facts = [f for f in facts if f and "groups" in f]
         replaced = set(group_merge.FAMILIES) if group_facts else set()
         extra: list[str] = []
@@ -102,39 +133,37 @@ class WorkerMerge:
             # Instances remembered: each once, however many workers remember it.
             replaced.add(INSTANCES)
             extra.append(f"# HELP {INSTANCES} Client instances remembered (each once)\n"
-                         f"# TYPE {INSTANCES} gauge\n{INSTANCES} {len(won)}\n")
+                         f"# TYPE {INSTANCES} gauge\n{INSTANCES} {len(clients.won)}\n")
         kept: list[str] = []
         present: set[Key] = set()
-        highest: dict[Key, float] = {}
         for index, text in enumerate(texts):
             if text is None:
                 continue
-            lines, counters = _filter(index, text, won, delta, replaced,
-                                      (self.highest, highest))
+            lines, counters = _filter(index, text, replaced, clients)
             self.floors.worker(index, epochs[index], counters, now)
             present.update(counters)
             kept.append(lines)
-        self.highest = highest
+        self.highest, self.watched = clients.now, clients.now_watched
         carry = "\n".join(self.floors.lines(present, now))
         if carry:
             extra.append(carry + "\n")
         if group_facts:
             self.last_groups = self.groups.merge(group_facts, now)
             extra.append(self.groups.exposition(self.last_groups))
-        return merge_expositions([*kept, *extra, own], sum_clients=delta)
+        return merge_expositions([*kept, *extra, own], sum_clients=delta,
+                                 passed=clients.passed)
 
 
-def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: set[str],
-            highest: tuple[dict[Key, float], dict[Key, float]]
+def _filter(index: int, text: str, replaced: set[str], clients: ClientLines
             ) -> tuple[str, dict[Key, float]]:
-    """A worker's exposition without what another source replaces, cumulative client
-    counters at least as high as served before (``highest``: before, now); its summed
-    counters."""
+    """A worker's exposition without what another source replaces or ``clients`` passes
+    through (into ``clients.passed``); its summed counters."""
     types: dict[str, str] = {}
     out: list[str] = []
     counters: dict[Key, float] = {}
-    # Per sample name, decided once: None (left out), or (additive, client).
-    decided: dict[str, tuple[bool, bool] | None] = {}
+    won, delta, watched, passed = clients.won, clients.delta, clients.watched, clients.passed
+    # Per sample name, decided once: None (left out), or (additive, client, family).
+    decided: dict[str, tuple[bool, bool, str] | None] = {}
     for line in text.splitlines():
         if line.startswith("#"):
             parts = line.split(" ", 3)
@@ -145,10 +174,8 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
                 continue
             out.append(line)
             continue
-        match = SAMPLE_LINE.match(line)
-        if match is None:
-            continue
-        sample = match.group(1)
+        brace = line.find("{")
+        sample = line[:brace] if brace > 0 else line.partition(" ")[0]
         if sample in decided:
             how = decided[sample]
         else:
@@ -156,28 +183,54 @@ def _filter(index: int, text: str, won: dict[str, int], delta: bool, replaced: s
             kind = types.get(family, "untyped")
             how = decided[sample] = None if _base(family) in replaced else (
                 kind in ("counter", "histogram", "summary") and not sample.endswith("_created"),
-                not family.startswith("kproxy_"))
+                not family.startswith("kproxy_"), family_of(sample, types))
         if how is None:
             continue
-        additive, client = how
+        additive, client, family = how
         if not additive and not client:
             out.append(line)
             continue
-        labels = match.group(2) or ""
-        if client and not telemetry_merge.keep(index, labels, won, additive and delta):
+        if client and not (delta and additive):  # delta counters add up over workers
+            instance = _instance(line)
+            winner = won.get(instance) if instance is not None else None
+            if winner is not None:
+                if winner != index:
+                    continue  # another worker has this instance's newest push
+                if not additive or instance not in watched:
+                    passed.setdefault(family, []).append(line)
+                    continue
+        match = SAMPLE_LINE.match(line)
+        if match is None:
             continue
+        labels = match.group(2) or ""
         if additive and (delta or not client):
             with contextlib.suppress(ValueError):
                 counters[(sample, labels)] = float(match.group(3))
         elif additive:
             with contextlib.suppress(ValueError):
                 key, value = (sample, labels), float(match.group(3))
-                top = max(value, highest[0].get(key, value), highest[1].get(key, value))
-                highest[1][key] = top
+                top = max(value, clients.before.get(key, value), clients.now.get(key, value))
+                clients.now[key] = top
+                instance = _instance(line)
+                if instance is not None:
+                    clients.now_watched.add(instance)
                 if top != value:
                     line = f"{sample}{labels} {value_text(top)}"
         out.append(line)
     return "\n".join(out) + "\n", counters
+
+
+_ID = 'client_instance_id="'
+
+
+def _instance(line: str) -> str | None:
+    """The client instance id in a sample line's labels, found without a regex."""
+    at = line.find(_ID)
+    if at < 0:
+        return None
+    start = at + len(_ID)
+    end = line.find('"', start)
+    return line[start:end] if end > 0 else None
 
 
 def _base(family: str) -> str:

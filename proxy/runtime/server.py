@@ -26,6 +26,7 @@ from kproxy.auth.logins import sasl_settings
 from kproxy.codecs import api_keys
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
+from kproxy.http import status
 from kproxy.http.auth import guard
 from kproxy.http.routes import routes
 from kproxy.http.server import Handler, HttpServer
@@ -221,6 +222,8 @@ class Proxy:
                     services.start_soon(self.otlp.run)
                 if self.jwks is not None:
                     services.start_soon(self.jwks.run)
+                if self.admission.control is None:  # a worker's supervisor keeps its own
+                    services.start_soon(status.record_history, self)
                 if cfg.source and cfg.config_watch_interval > 0:
                     services.start_soon(lifecycle.watch_config, self, cfg.source)
                 log.info("kproxy listening", extra={"fields": {

@@ -13,6 +13,7 @@ every family has its HELP and TYPE.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -27,14 +28,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from kproxy.http.auth import FORWARDED
+from kproxy.http.history import STEP, Sample
 from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.http.status_merge import WorkerInfo, merge
 from kproxy.http.status_page import render
+from kproxy.metrics import group_status
 from kproxy.metrics.exposition import GZIP_LEVEL, _collector_paused
 
 if TYPE_CHECKING:
     from kproxy.runtime.workers import Supervisor
 
+log = logging.getLogger("kproxy.status")
 OPENMETRICS = "application/openmetrics-text"
 ASK_TIMEOUT = 10.0
 _EOF = "# EOF\n"
@@ -93,7 +97,37 @@ async def snapshot(sup: Supervisor) -> dict[str, Any]:
             snaps.append(json.loads(body) if status == 200 else None)
         except ValueError:
             snaps.append(None)
-    return merge(snaps, worker_infos(sup), time.time(), global_limit_rows(sup))
+    now = time.time()
+    # The groups as the last history step (or scrape) merged them: at most STEP old.
+    groups = group_status.rows(sup.merger.last_groups, time.monotonic(), now)
+    history = sup.history.as_json([g["group_id"] for g in groups["listed"]])
+    return merge(snaps, worker_infos(sup), now, global_limit_rows(sup), groups, history)
+
+
+async def history_step(sup: Supervisor) -> None:
+    """One step of the whole proxy's history: every worker's counters and group facts
+    (``/internal/sample``), the groups merged as ``/metrics`` merges them."""
+    samples: list[Sample | None] = []
+    facts: list[dict[str, Any]] = []
+    for status, body in await ask_all(sup, "/internal/sample"):
+        found = _json(body) if status == 200 else None
+        samples.append(None if found is None else Sample.from_json(found.get("sample", {})))
+        if found is not None and isinstance(found.get("groups"), dict):
+            facts.append(found["groups"])
+    mono = time.monotonic()
+    groups = await trio.to_thread.run_sync(sup.merger.merge_groups, facts, mono) \
+        if facts else []
+    sup.history.record(time.time(), samples, group_status.history_figures(groups))
+
+
+async def record_history(sup: Supervisor) -> None:
+    """A history step every ``STEP`` seconds while the supervisor runs."""
+    while True:
+        try:
+            await history_step(sup)
+        except Exception:  # a chart is never worth the supervisor
+            log.exception("status history step failed")
+        await trio.sleep(STEP)
 
 
 def status_routes(sup: Supervisor) -> dict[str, Handler]:
@@ -168,9 +202,17 @@ async def metrics(sup: Supervisor, req: HttpRequest) -> HttpResponse:
     """/metrics: every worker's exposition and the supervisor's, as one process's."""
     open_metrics = OPENMETRICS in req.headers.get("accept", "")
     asked = {"accept": f"{OPENMETRICS}; version=1.0.0"} if open_metrics else {}
-    answers = await ask_all(sup, "/metrics", asked)
-    facts = [_json(body) if status == 200 else None
-             for status, body in await ask_all(sup, "/internal/facts")]
+    answers: list[tuple[int, bytes]] = []
+    facts_answers: list[tuple[int, bytes]] = []
+
+    async def gather(into: list[tuple[int, bytes]], path: str,
+                     headers: dict[str, str] | None = None) -> None:
+        into.extend(await ask_all(sup, path, headers))
+
+    async with trio.open_nursery() as nursery:  # the workers render both at once
+        nursery.start_soon(gather, answers, "/metrics", asked)
+        nursery.start_soon(gather, facts_answers, "/internal/facts")
+    facts = [_json(body) if status == 200 else None for status, body in facts_answers]
     texts = [body.decode("utf-8", "replace").removesuffix(_EOF) if status == 200 else None
              for status, body in answers]
     own = own_metrics(sup, sum(t is not None for t in texts), open_metrics)

@@ -40,6 +40,7 @@ from kproxy.auth.audit import open_audit
 from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
 from kproxy.http.auth import guard
+from kproxy.http.history import History
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
 from kproxy.metrics.worker_merge import WorkerMerge
 from kproxy.policies.groups import GroupLimits
@@ -92,6 +93,7 @@ class Supervisor:
         self._stop = trio.Event()
         self._limiter = trio.CapacityLimiter(max(4, count))
         self.merger = WorkerMerge(GroupLimits(cfg.group_max_groups, cfg.group_max_members))
+        self.history = History()  # the whole proxy's last 15 minutes, for the status page
         # The one count of open connections across workers (kproxy.runtime.admission_hub).
         self.hub = AdmissionHub(cfg.max_connections, cfg.max_connections_per_source)
         # Admin calls made here are audited here; the workers log their own logins.
@@ -119,6 +121,7 @@ class Supervisor:
             for worker in self.workers:
                 nursery.start_soon(self._keep_running, worker)
             nursery.start_soon(self._signals)
+            nursery.start_soon(supervisor_http.record_history, self)
             await self._stop.wait()
             await self._stop_all()
             nursery.cancel_scope.cancel()

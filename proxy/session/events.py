@@ -59,6 +59,11 @@ class SessionEvents:
                      "cannot reach the backend; closing the client connection",
                      listener=conn.listener, tried=tried)
 
+    def upstream_dropped(self, conn: ConnectionState) -> None:
+        """A connect that reached a server a reload had just dropped: counted as the
+        connections open at the change are, and ended like them."""
+        self.metrics.rebootstrap.labels("upstream_gone").inc()
+
     def upstream_lost(self, conn: ConnectionState, reason: str) -> None:
         self.metrics.upstream_disconnects.labels(conn.listener).inc()
         self.ratelog(logging.WARNING, f"lost:{conn.listener}",

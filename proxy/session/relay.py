@@ -198,6 +198,8 @@ async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> 
             raise SessionClosed(str(exc)) from None
         slot.wire = _SIZE.pack(len(body)) + body
         await session.writer.flush()
+        if not len(session.ordered):  # its wait for the client may have no deadline
+            session.note_idle()
 
 
 async def _refuse(session: Session, slot: Slot, decision: Refuse) -> None:
@@ -241,8 +243,10 @@ async def relay_responses(session: Session, upstream: Transport) -> None:
                 try:
                     await _handle_responses(session, reader)
                     await session.writer.flush()
-                    charge.settle(reader.held())
-                    await _handle_pending(session, upstream, reader, charge)
+                    held = reader.held()
+                    charge.settle(held)
+                    if held:  # a large response may have started
+                        await _handle_pending(session, upstream, reader, charge)
                 except (CodecError, ProtocolViolation) as exc:
                     session.services.events.decode_error("response", "frame", exc,
                                                          session.conn)
@@ -263,10 +267,16 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
     if frames:
         session.last_activity = trio.current_time()
     ordered = session.ordered
+    conn = session.conn
     for frame in frames:
         slot = ordered.next_upstream(peek_correlation_id(frame.body))
         if slot is None:
             session.services.metrics.stray_responses.inc()
+            continue
+        if not conn.wants_response(slot.api_key, slot.api_version):
+            # Relayed as received, the usual case: no coroutine for it.
+            conn.observe(slot.api_key, slot.api_version, frame.body)
+            slot.wire = frame
             continue
         slot.wire = await _process_response(session, slot, frame.body) or frame
 
@@ -335,11 +345,9 @@ async def _pass_through(session: Session, upstream: Transport, reader: FrameRead
 
 
 async def _process_response(session: Session, slot: Slot, body: memoryview) -> bytes | None:
-    """The response to send for ``slot``: None to relay it as received."""
+    """The response to send for ``slot`` (one a handler wants whole): None to relay it
+    as received."""
     conn = session.conn
-    if not conn.wants_response(slot.api_key, slot.api_version):
-        conn.observe(slot.api_key, slot.api_version, body)
-        return None
     handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version, body)
     if handled.seen is not None or handled.rebootstrap is not Action.NONE:
         await session.services.backend.observed(handled, conn)

@@ -319,7 +319,8 @@ class Session:
                     # drain or the parking lot cancels it, the read deadline expires it.
                     self._recv_scope = scope = trio.CancelScope(deadline=timeouts.read_deadline(
                         trio.current_time(), first_deadline, self.frames_in,
-                        len(self.ordered), self.last_activity, self.config.idle_timeout))
+                        len(self.ordered), self.last_activity, self.config.idle_timeout,
+                        self._plain_tcp() and not self._end_at_request))
                     with scope:
                         n = await client.fill(reader, RECV_BYTES)
                     if scope.cancelled_caught:
@@ -340,8 +341,10 @@ class Session:
                     self._draining = True  # not forwarded: it fails when the connection closes
                     break
                 await handle_requests(self, reader)
-                charge.settle(reader.held())
-                await splice_request(self, reader, charge)
+                held = reader.held()
+                charge.settle(held)
+                if held:  # nothing held, no large request started: spare the coroutine
+                    await splice_request(self, reader, charge)
         finally:
             charge.release()
         # Draining: wait until every request already taken has been answered.
@@ -373,7 +376,10 @@ class Session:
         if connected is None:
             raise SessionClosed("backend unreachable")
         self.upstream, address = connected
-        self.conn.connected(address)
+        if not self.conn.connected(address):
+            await trio.aclose_forcefully(self.upstream)
+            self.services.events.upstream_dropped(self.conn)
+            raise SessionClosed("the upstream list changed while connecting")
         self._upstream_io = transport_for(self.upstream)
         self.start(relay_responses, self, self._upstream_io)
 

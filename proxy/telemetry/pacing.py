@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 T = TypeVar("T")
 DEFAULT_SHARE = 0.25  # of one core: what telemetry decoding may use at most
@@ -42,8 +43,9 @@ class Pacer:
         self.burst = burst
         self.tokens = burst
         self._updated: float | None = None
-        self.busy_seconds = 0.0  # total processor time of paced work, for tests
+        self.busy_seconds = 0.0  # total processor time of paced work
         self.rested_seconds = 0.0
+        self.longest_step = 0.0  # processor time of the longest step run on the loop
 
     async def _rest(self, took: float) -> None:
         self.busy_seconds += took
@@ -64,11 +66,14 @@ class Pacer:
         started = time.thread_time()
         try:
             for _ in steps:
-                now = time.thread_time()
-                await self._rest(now - started)
+                await self._step_done(time.thread_time() - started)
                 started = time.thread_time()
         finally:  # the last step, or the one that raised, is paid for too
-            await self._rest(time.thread_time() - started)
+            await self._step_done(time.thread_time() - started)
+
+    async def _step_done(self, took: float) -> None:
+        self.longest_step = max(self.longest_step, took)
+        await self._rest(took)
 
     async def in_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` on a worker thread, then a rest in proportion to its processor time."""
@@ -86,3 +91,21 @@ class Pacer:
             return await trio.to_thread.run_sync(timed)
         finally:
             await self._rest(spent)
+
+
+class PacerCollector:
+    """What paced work took, for /metrics: total processor time, and the longest step
+    that held the event loop (what a relay on the same loop waited for at most)."""
+
+    def __init__(self, pacer: Pacer, what: str) -> None:
+        self.pacer = pacer
+        self.what = what
+
+    def collect(self) -> Iterator[Metric]:
+        name = f"kproxy_{self.what}"
+        yield CounterMetricFamily(f"{name}_cpu_seconds", f"Processor time of paced "
+                                  f"{self.what.replace('_', ' ')} work",
+                                  value=self.pacer.busy_seconds)
+        yield GaugeMetricFamily(f"{name}_longest_step_cpu_seconds", "Processor time of the "
+                                "longest step that held the event loop, since start",
+                                value=self.pacer.longest_step)

@@ -48,7 +48,7 @@ from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.telemetry_store import IngestStats, MetricsStore
 from kproxy.telemetry.exposition import ClientMetricsCollector
-from kproxy.telemetry.pacing import Pacer
+from kproxy.telemetry.pacing import Pacer, PacerCollector
 
 log = logging.getLogger("kproxy.telemetry")
 _COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
@@ -94,6 +94,7 @@ class TelemetryService:
             "reached, by bound: series_bytes, families, point_labels", ["bound"], registry=r)
         self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
         self.pacer = Pacer(DECODE_SHARE)
+        r.register(PacerCollector(self.pacer, "telemetry_decode"))
         metrics.piece_sources.append(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
         self.hostname = socket.gethostname()

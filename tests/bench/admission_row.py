@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import start
-from workers_row import wait_ready
+from workers_row import start_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kproxy.codecs import api_keys  # noqa: E402
-from kproxy.embedded_broker import TansuBroker, free_port  # noqa: E402
-from tests.support import broker_port_base, encode_request, stop_process  # noqa: E402
+from kproxy.embedded_broker import TansuBroker  # noqa: E402
+from tests.support import encode_request, stop_process  # noqa: E402
 
 HEADING = "## Admission across workers"
 REQUEST = encode_request(api_keys.API_VERSIONS, 3, 1, {
@@ -57,15 +56,8 @@ def measure(work: Path, reps: int, connections: int) -> dict[str, Any]:
         broker.start()
         ports, https = {}, {}
         for n in (1, 2):
-            port, http = free_port(), free_port()
-            procs[n] = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", str(n),
-                              "--upstream", broker.bootstrap, "--listen", f"127.0.0.1:{port}",
-                              "--http", f"127.0.0.1:{http}",
-                              "--broker-port-base", str(broker_port_base()),
-                              "--node-id-range", "111-111", "--log-level", "warning"],
-                             port, work / f"kproxy-admission{n}.log", {"KPROXY_CONFIG": ""})
-            wait_ready(http, n)
-            ports[n], https[n] = port, http
+            procs[n], ports[n], https[n] = start_workers(
+                broker, n, work / f"kproxy-admission{n}.log")
         for port in ports.values():  # warm: upstream resolution, first imports
             for _ in range(20):
                 one_connection(port)

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import admission_row
 import rebootstrap_row
 import relay_ab
+import scrape_workers_row
 import sizing_row
 import small_request_ab
 import telemetry_ab
@@ -118,10 +119,11 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += tls_row.section(sections.get("tls"))
     lines += sizing_row.section(paths, n1k)
     lines += scrape_section(sections.get("scrape") or [])
+    lines += scrape_workers_row.section(sections.get("scrape_workers"))
     lines += rebootstrap_row.section(sections.get("rebootstrap"))
     lines += ratio_table(paths, counts, tel_ab, sections.get("workers"))
     lines += targets(paths, counts, n1k, tel_ab, sections.get("small"),
-                     sections.get("scrape"))
+                     sections.get("scrape"), sections.get("scrape_workers"))
     lines.append(WHY)
     Path(args.out).write_text("\n".join(lines) + "\n" + SCALING_NOTE)
     current = telemetry_ab.summary((tel_ab or {}).get("current", []))

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import admission_row  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
+import scrape_workers_row  # noqa: E402
 import small_request_ab  # noqa: E402
 import telemetry_ab  # noqa: E402
 import tls_row  # noqa: E402
@@ -59,6 +60,7 @@ def main() -> int:
                         help="run only the /metrics scrape workload; its rows replace "
                         "those in --json and the report is rewritten from it")
     parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission",
+                                           "scrape-workers",
                                            "small", "tls"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
@@ -207,7 +209,9 @@ def main() -> int:
                 "small": small_request_ab.measure(work, reps, 1.0 if smoke else 5.0),
                 "tls": tls_row.measure(work, reps, 2000 if smoke else 100_000),
                 "admission": admission_row.measure(work, 1 if smoke else reps,
-                                                   20 if smoke else 300)}
+                                                   20 if smoke else 300),
+                "scrape_workers": scrape_workers_row.measure(
+                    work, 1 if smoke else reps, 5_000 if smoke else 250_000)}
     # The smoke run swaps once with one client: the code path, not a figure.
     sections["rebootstrap"] = (
         rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
@@ -246,7 +250,7 @@ def report_from_json(args: argparse.Namespace) -> int:
     meta = data.pop("_meta")
     sections = {key: data.pop(key) for key in
                 ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers", "relay_ab",
-                 "admission", "small", "tls")
+                 "admission", "small", "tls", "scrape_workers")
                 if key in data}
     alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
     if sections.get("rebootstrap") is None and alone.exists():  # --only rebootstrap
@@ -281,6 +285,11 @@ def only(args: argparse.Namespace) -> int:
                                2000 if args.smoke else 100_000)
         lines, heading = tls_row.section(data), tls_row.HEADING
         save_section(Path(args.json), "tls", data)
+    elif args.only == "scrape-workers":
+        data = scrape_workers_row.measure(work, 1 if args.smoke else args.reps,
+                                          5_000 if args.smoke else 250_000)
+        lines, heading = scrape_workers_row.section(data), scrape_workers_row.HEADING
+        save_section(Path(args.json), "scrape_workers", data)
     elif args.only == "admission":
         data = admission_row.measure(work, 1 if args.smoke else args.reps,
                                      20 if args.smoke else 300)

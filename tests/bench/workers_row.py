@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 import urllib.error
@@ -49,6 +50,20 @@ def wait_ready(http: int, workers: int, timeout: float = 90.0) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"kproxy --workers {workers} not ready in {timeout:.0f} s")
+
+
+def start_workers(broker: TansuBroker, workers: int, log: Path, *extra: str
+                  ) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``kproxy run --workers N`` in front of ``broker``, every worker ready: the process,
+    its bootstrap port and its HTTP port."""
+    port, http = free_port(), free_port()
+    proc = start([sys.executable, "-m", "kproxy.cli", "run", "--workers", str(workers),
+                  "--upstream", broker.bootstrap, "--listen", f"127.0.0.1:{port}",
+                  "--http", f"127.0.0.1:{http}", "--broker-port-base", str(broker_port_base()),
+                  "--node-id-range", "111-111", "--log-level", "warning", *extra],
+                 port, log, {"KPROXY_CONFIG": ""})
+    wait_ready(http, workers)
+    return proc, port, http
 
 
 def cpu_list(text: str) -> set[int]:

@@ -30,9 +30,10 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "--workers 2", "## Rebootstrap", "## Ratios to compare across machines",
                     "## Targets", "## Scaling",
                     "## Relay against the last commit before the sans-IO core",
-                    "## Admission across workers"):
+                    "## Admission across workers",
+                    "## /metrics of a large fleet at 1 and 2 workers"):
         assert section in text
-    # Issues 19's and 30's targets, each with a verdict (a smoke run's figures decide
+    # Issues 19's, 29's and 30's targets, each with a verdict (a smoke run's figures decide
     # nothing, but every one is measured: no "-").
     rows = text[text.index("## Targets"):].split("\n\n")[1].splitlines()[2:]
     wanted = ["throughput, produce 1 KB: kproxy / haproxy",
@@ -46,7 +47,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
               "telemetry pushes per CPU-second: this tree / d1cc828",
               "proxy CPU per single-message produce at 1,000/s (ms)",
               "proxy CPU per Metadata round trip at 1,000/s (ms)",
-              "longest loop slice of a /metrics scrape, CPU (ms)"]
+              "longest loop slice of a /metrics scrape, CPU (ms)",
+              "/metrics scrape of 5,000 client series: 2 workers / 1 worker"]
     results = json.loads(js.read_text())
     # A smoke run's relay may take less than one clock tick (10 ms) of CPU: no ratio then.
     def ticked(key: str) -> bool:

@@ -53,12 +53,12 @@ def test_a_flood_of_distinct_long_client_ids_retains_bounded_memory(
 
 PHASE_MESSAGES = 250  # synchronous deliveries per measured phase
 PAIRS = 3  # baseline/hostile phase pairs, alternated so that drifting load hits both
-# On a shared, loaded machine a millisecond-scale p99 moves by whole milliseconds
-# between runs of the same code: the ratio alone would make the verdict depend on
-# load. So the hostile p99 (median over phases) may be twice the baseline's plus a
-# fixed allowance; a relay stalled by a push (the defect: tens to hundreds of ms per
-# push, and deliveries timing out) is far outside either.
-RATIO, FLOOR_MS = 2.0, 15.0
+# What holds on any machine (a p99 ratio under load is judged in `make bench`, never
+# here): no decode step held the event loop longer than this, in processor time...
+STEP_CPU_S = 0.02
+# ...and telemetry decoding took no more than its share of the time, plus the burst
+# the pacer allows at once and one step's overshoot (kproxy.telemetry.pacing).
+DECODE_SHARE, DECODE_BURST_S = 0.25, 0.05
 
 
 def produce_phase(producer: Producer, topic: str, n: int) -> tuple[list[float], int]:
@@ -104,14 +104,18 @@ def stop_hostile(proc: subprocess.Popen[str]) -> dict[int, int]:
 def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
         shared_tansu: TansuBroker, tmp_path: Path) -> None:
     """Pushes of 1.5 KB that expand to 15 MB of data points, back to back on two
-    connections, beside a live confluent-kafka producer: every delivery succeeds and
-    the producer's p99 stays within RATIO x (plus FLOOR_MS) of its p99 without them.
-    """
+    connections, beside a live confluent-kafka producer: every delivery succeeds, every
+    push is refused, no decode step holds the loop for long and decoding keeps to its
+    share of the processor. The producer's p99 with and without is printed; the ratio
+    is a figure for `make bench`, not a verdict here."""
     topic = "bounded-hostile"
     # One worker: what is measured is a hostile pusher and a producer on two
     # connections of the same event loop; at two workers the kernel decides whether
     # they share one, and each run would measure a different thing.
     with kproxy_process(shared_tansu.bootstrap, tmp_path, "--workers", "1") as kp:
+        _, text = kp.http_get("/metrics")
+        started, cpu_before = time.monotonic(), metric_value(
+            text, "kproxy_telemetry_decode_cpu_seconds_total")
         producer = Producer({"bootstrap.servers": kp.bootstrap, "linger.ms": 0,
                              "acks": "all", "message.timeout.ms": 30_000})
         _, failed = produce_phase(producer, topic, 50)  # topic created, connections warm
@@ -133,6 +137,7 @@ def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
             for code, n in answers.items():
                 refused[code] = refused.get(code, 0) + n
         _, text = kp.http_get("/metrics")
+        elapsed = time.monotonic() - started
         assert kp.process.poll() is None, kp.log()
     assert failures == 0
     # Every hostile push was refused as INVALID_RECORD, and counted as over a limit.
@@ -142,5 +147,10 @@ def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
     base_p99, hostile_p99 = statistics.median(baseline), statistics.median(hostile)
     print(f"producer p99 per phase: baseline {baseline} hostile {hostile}; "
           f"{refused[87]} hostile pushes refused")
-    assert hostile_p99 <= RATIO * base_p99 + FLOOR_MS, (
-        f"p99 {hostile_p99:.1f} ms under hostile pushes vs {base_p99:.1f} ms without")
+    longest = metric_value(text, "kproxy_telemetry_decode_longest_step_cpu_seconds")
+    decoding = metric_value(text, "kproxy_telemetry_decode_cpu_seconds_total") - cpu_before
+    print(f"median p99 {base_p99:.1f} ms without, {hostile_p99:.1f} ms with; decoding took "
+          f"{decoding:.2f} CPU s of {elapsed:.1f} s, longest step {longest * 1e3:.2f} ms")
+    assert 0 < longest <= STEP_CPU_S, f"a decode step held the loop for {longest * 1e3:.1f} ms"
+    assert 0 < decoding <= DECODE_SHARE * elapsed + DECODE_BURST_S + STEP_CPU_S, (
+        f"decoding took {decoding:.2f} CPU s in {elapsed:.1f} s: over its share")

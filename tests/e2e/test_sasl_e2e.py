@@ -207,7 +207,7 @@ def test_admin_token_and_status_auth(proxy: tuple[KproxyProcess, Path]) -> None:
     assert len(workers) == 2
     for worker in workers:
         port = worker["http_port"]
-        for path in ("/internal/facts", "/status.json"):
+        for path in ("/internal/facts", "/internal/sample", "/status.json"):
             url = f"http://127.0.0.1:{port}{path}"
             try:
                 urllib.request.urlopen(url, timeout=20)

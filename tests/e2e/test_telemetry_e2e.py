@@ -181,6 +181,7 @@ def test_real_prometheus_scrapes_client_metrics(backend: TansuBroker, tmp_path: 
             dashboard = json.loads((Path(__file__).resolve().parents[2] / "deploy" /
                                     "grafana" / "kproxy-dashboard.json").read_text())
             panels = {p["title"]: [t["expr"].replace("$__rate_interval", "1m")
+                                   .replace("$group", ".*")  # the variable's "All"
                                    for t in p["targets"]] for p in dashboard["panels"]}
             must_show = ("Requests per second by API", "Request latency through the proxy, "
                          "p99 by API", "Client connections by listener",

@@ -166,7 +166,7 @@ def test_a_group_whose_members_sit_on_both_workers(tansu: TansuBroker, tmp_path:
             and v[1] > generation and v), show=lambda: (
                 generation, group_view(kp.http_port, "split"),
                 [_get(p, "/internal/facts")[1] for p in ports]))
-        seen = {gen for p in ports for gen, _, _ in json.loads(
+        seen = {gen for p in ports for gen, *_ in json.loads(
             _get(p, "/internal/facts")[1])["groups"]["split"]["completed"]}
         rebalances = samples(_get(kp.http_port, "/metrics")[1],
                              'kproxy_group_rebalances_total{group="split"}')

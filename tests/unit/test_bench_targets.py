@@ -54,18 +54,21 @@ def verdicts(lines: list[str]) -> list[str]:
 def test_every_target_met() -> None:
     run = paths([1.02, 0.99, 1.01], [0.10, 0.12, 0.20], 1.4, 3.5)
     assert verdicts(targets(run, [1000], N1K, BASELINE, SMALL_MET,
-                            [{"longest_slice_cpu_ms": 0.6}, {"longest_slice_cpu_ms": 2.32}])
-                    ) == ["met"] * 12
+                            [{"longest_slice_cpu_ms": 0.6}, {"longest_slice_cpu_ms": 2.32}],
+                            {"series": {"1": 250_000, "2": 250_000}, "ratios": [1.2, 1.5, 1.6]})
+                    ) == ["met"] * 13
 
 
 def test_how_far_off_each_target_is() -> None:
     run = paths([0.80, 0.85, 0.90], [0.40, 0.45, 0.50], 2.5, 10.0)
     assert verdicts(targets(run, [1000], N1K, {**BASELINE, "current": [
         {"pushes_per_cpu_s": 6000.0}, {"pushes_per_cpu_s": 6300.0}]}, SMALL_OFF,
-        [{"longest_slice_cpu_ms": 3.0}])) == [
+        [{"longest_slice_cpu_ms": 3.0}], {"series": {"1": 9, "2": 9}, "ratios": [1.7, 1.9]}
+    )) == [
         "**not met**: 0.15 short"] * 3 + ["**not met**: 0.30 ms over"] * 2 + [
         "**not met**: 1.00 over"] * 2 + ["**not met**: 6.24 KB over", "**not met**: 0.50 short",
-        "**not met**: 0.13 ms over", "**not met**: 0.23 ms over", "**not met**: 0.68 ms over"]
+        "**not met**: 0.13 ms over", "**not met**: 0.23 ms over", "**not met**: 0.68 ms over",
+        "**not met**: 0.30 over"]
 
 
 def test_throughput_below_haproxy_but_within_the_spread() -> None:
@@ -78,7 +81,7 @@ def test_what_was_not_measured_has_no_verdict() -> None:
     without_haproxy = run[:2]
     found = verdicts(targets(without_haproxy, [1000], N1K, {"error": "shallow clone"}))
     # Memory is kproxy's own figure; small requests and scrapes were not measured.
-    assert found == ["-"] * 7 + ["met"] + ["-"] * 4
+    assert found == ["-"] * 7 + ["met"] + ["-"] * 5
 
 
 def test_ratio_table_has_a_row_per_figure() -> None:

@@ -222,6 +222,30 @@ def test_dashboard_panels_have_queries() -> None:
     dash = json.loads((ROOT / "deploy" / "grafana" / "kproxy-dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert len(exprs) >= 12 and all(re.search(r"kproxy_|org_apache_kafka_", e) for e in exprs)
+    # Every kproxy family a panel reads is one the code writes.
+    code = "\n".join(p.read_text() for p in (ROOT / "proxy").rglob("*.py"))
+    for name in {n for e in exprs for n in re.findall(r"\bkproxy_\w+", e)}:
+        base = re.sub(r"_(total|bucket|count|sum)$", "", name)
+        assert f'"{base}' in code or f"{base}_" in code or f"{base}{{" in code, name
+    # Variables a query uses are defined, and panels do not overlap.
+    defined = {v["name"] for v in dash["templating"]["list"]}
+    for e in exprs:
+        assert set(re.findall(r"\$(\w+)", e)) - {"__rate_interval"} <= defined, e
+    cells = [(x, y) for p in dash["panels"] for g in [p["gridPos"]]
+             for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])]
+    assert len(cells) == len(set(cells))
+
+
+def test_dashboard_has_the_consumer_group_panels() -> None:
+    dash = json.loads((ROOT / "deploy" / "grafana" / "kproxy-dashboard.json").read_text())
+    by_title = {p["title"]: [t["expr"] for t in p["targets"]] for p in dash["panels"]}
+    lag = [e for title, es in by_title.items() if "lag by group" in title for e in es]
+    assert lag and all("sum by (group)" in e and "kproxy_group_lag" in e for e in lag)
+    rebalances = [e for title, es in by_title.items() if title.startswith("Rebalances by group")
+                  for e in es]
+    assert rebalances and "kproxy_group_rebalances_total" in rebalances[0]
+    assert any("count by (protocol) (kproxy_group_info)" in e for es in by_title.values()
+               for e in es)
 
 
 def test_dockerfile_checker_catches_a_bad_image(tmp_path: Path) -> None:

@@ -102,6 +102,29 @@ def test_a_change_closes_connections_to_a_backend_that_is_gone() -> None:
     assert bootstrap.on_change(relisted) == "upstream_gone"
 
 
+def test_a_legacy_connection_still_connecting_at_a_change_is_not_closed() -> None:
+    """A legacy client that reconnected just before a reload landed (at 2 workers the
+    other worker may not have reloaded yet) and whose Metadata request waits on the
+    connect: it will reach a current server, so it is neither closed nor told."""
+    state = _state()
+    state.upstream_servers = [("10.0.0.1", 9092)]
+    state.view.observe({1: BrokerAddress("10.0.0.7", 9092)}, "c1", True)
+    connecting = _conn(state)
+    request = _vector("Metadata", "request")
+    request = request[:2] + struct.pack(">h", 12) + request[4:]
+    connecting.request(peek_request(request), memoryview(request))
+    assert connecting.metadata_version == 12  # a legacy client, its request held
+    state.upstream_servers = [("10.0.0.2", 9092)]  # the reload, its discovery's change:
+    swapped = state.view.observe({1: BrokerAddress("10.0.0.9", 9092)}, "other", True)
+    assert swapped is not None and swapped.cluster_id is not None
+    assert connecting.on_change(swapped) is None
+    assert connecting.connected(("10.0.0.2", 9092)) is True  # reached the new list
+    late = _conn(state)
+    # A connect begun before the reload that completes to the dropped server is refused.
+    assert late.connected(("10.0.0.1", 9092)) is False
+    assert _conn(state, node_id=1).connected(("10.0.0.9", 9092)) is True
+
+
 def test_legacy_clients_are_closed_after_their_response_or_ignored() -> None:
     for policy, close_after in (("close", True), ("ignore", False)):
         state = _state()

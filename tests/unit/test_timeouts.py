@@ -27,3 +27,10 @@ def test_a_connection_waiting_for_an_answer_is_never_idle() -> None:
 def test_no_idle_timeout_means_no_deadline_after_the_first_request() -> None:
     assert timeouts.read_deadline(5.0, 10.0, 1, 0, 4.0, 0.0) == math.inf
     assert timeouts.expired(1e9, 1, 0, 4.0, 0.0) is None
+
+
+def test_busy_wait_of_a_parking_session_has_no_deadline() -> None:
+    # The parking lot's sweep wakes it once idle; the next wait has the idle deadline.
+    assert timeouts.read_deadline(100.0, 10.0, 3, 1, 4.0, 60.0, parks=True) == math.inf
+    assert timeouts.read_deadline(100.0, 10.0, 3, 0, 4.0, 60.0, parks=True) == 64.0
+    assert timeouts.read_deadline(5.0, 10.0, 0, 0, 0.0, 60.0, parks=True) == 10.0

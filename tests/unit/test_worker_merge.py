@@ -10,6 +10,8 @@ import json
 import uuid
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from kproxy.metrics.group_merge import GroupMerge, group_facts
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import CARRY_KEEP_S, MAX_CARRIED, CounterFloors, WorkerMerge
@@ -151,6 +153,51 @@ def test_cumulative_an_instance_series_come_once_from_its_newest_push() -> None:
     # The worker with x's newest push is gone; worker 0 holds an older push of it.
     out = merge.merge([client_text("x", 13, 8), None], [tele(2_500), None], [0, 1], "", 4.0)
     assert metric(out, "client_sent_total") == 14 and metric(out, "client_queue") == 8
+
+
+def test_a_fleet_split_over_workers_comes_out_once_per_series_under_one_header() -> None:
+    """Most instances sit on one worker: their lines pass through unparsed, yet every
+    family keeps one header, its samples together, and each series appears once."""
+    def worker(instances: list[str], value: float) -> str:
+        out = []
+        for family, kind in (("client_sent", "counter"), ("client_rtt", "histogram"),
+                             ("client_queue", "gauge")):
+            head = f"{family}_total" if kind == "counter" else family  # as text 0.0.4 has it
+            out += [f"# HELP {head} {family}", f"# TYPE {head} {kind}"]
+            for i in instances:
+                labels = f'client_instance_id="{i}",client_id="c"'
+                if kind == "histogram":
+                    out += [f'{family}_bucket{{{labels},le="1.0"}} {value}',
+                            f'{family}_bucket{{{labels},le="+Inf"}} {value}',
+                            f"{family}_count{{{labels}}} {value}",
+                            f"{family}_sum{{{labels}}} {value}"]
+                else:
+                    out.append(f"{family}{'_total' if kind == 'counter' else ''}"
+                               f"{{{labels}}} {value}")
+        return "\n".join(out) + "\n"
+
+    merge = WorkerMerge()
+    a, b = ["a1", "a2", "both"], ["b1", "both"]
+    facts = [{"telemetry": {"delta": False, "pushed": [[i, 10] for i in a]}},
+             {"telemetry": {"delta": False, "pushed": [[i, 20] for i in b]}}]
+    for scrape in (1.0, 2.0):
+        out = merge.merge([worker(a, 5.0), worker(b, 7.0)], wire_all(facts), [0, 0], "",
+                          scrape)
+        families = list(text_string_to_metric_families(out))
+        names = [f.name for f in families]
+        assert sorted(names) == ["client_queue", "client_rtt", "client_sent",
+                                 "kproxy_telemetry_client_instances"], names
+        for family in families[:3]:
+            keys = [(s.name, tuple(sorted(s.labels.items()))) for s in family.samples]
+            assert len(keys) == len(set(keys)), f"{family.name}: a series twice"
+            by_instance = {s.labels["client_instance_id"]: s.value for s in family.samples}
+            assert set(by_instance) == {"a1", "a2", "b1", "both"}
+            assert by_instance["both"] == 7.0  # the newest push's worker
+            assert by_instance["a1"] == 5.0 and by_instance["b1"] == 7.0
+
+
+def wire_all(facts: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    return [wire(f) for f in facts]
 
 
 def test_delta_counters_add_up_and_never_go_backwards_as_an_instance_moves() -> None:
