@@ -81,8 +81,23 @@ class Close:
     api: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer with ``body`` after ``delay_s``, then close: a failed login, as a broker
+    answers it (the delay slows a client that guesses passwords). The connection reads
+    nothing more meanwhile."""
+
+    body: bytes
+    delay_s: float
+    event: str
+    message: str
+
+
 # None from ``request`` means: forward the request as received.
-RequestDecision = Forward | Answer | AnswerLater | Close | None
+RequestDecision = Forward | Answer | AnswerLater | Close | Refuse | None
+
+# With SASL terminated at the proxy, the only requests served before a login.
+SASL_OPEN_APIS = frozenset({18, 17, 36})  # ApiVersions, SaslHandshake, SaslAuthenticate
 
 
 @dataclass(slots=True)
@@ -135,7 +150,8 @@ class ConnectionState:
     __slots__ = ("__weakref__", "_observers", "_requests", "_responses",
                  "api_versions_used", "authenticated", "backend_metadata_max",
                  "connected_epoch", "follow_ups", "handlers", "info", "listener",
-                 "metadata_version", "node_id", "pending", "shared", "topology_epoch", "upstream")
+                 "metadata_version", "node_id", "pending", "principal", "sasl", "session_expiry",
+                 "shared", "topology_epoch", "upstream")
 
     def __init__(self, shared: ProxyState, handlers: Handlers, listener: str,
                  node_id: int | None, peer: tuple[str, int]) -> None:
@@ -151,7 +167,13 @@ class ConnectionState:
         self.metadata_version: int | None = None
         self.backend_metadata_max: int | None = None
         self.upstream: HostPort | None = None  # the broker it is connected to, once it is
-        self.authenticated = False  # SASL passes through; the broker's answer is noted
+        # SASL passes through and the broker's answer is noted, or (``shared.sasl_gate``)
+        # the proxy logs the client in: then its principal, the exchange under way, and
+        # when the session ends (KIP-368, the gate's clock; None: never).
+        self.authenticated = False
+        self.principal: str | None = None
+        self.sasl: Any = None
+        self.session_expiry: float | None = None
         self.api_versions_used: dict[int, int] = {}  # highest version used per API
         # Requests a handler keeps until their response, by correlation id (bounded by
         # the handler): group tracking needs the request's group id at the response.
@@ -179,6 +201,11 @@ class ConnectionState:
             used[peek.api_key] = peek.api_version
         if peek.client_id is not None:
             self.info.client_id = peek.client_id
+        gate = self.shared.sasl_gate
+        if gate is not None and peek.api_key not in SASL_OPEN_APIS:
+            refused: Close | None = gate(self, peek.api_key)
+            if refused is not None:
+                return refused
         handler = self._requests.get(peek.api_key)
         if handler is None:
             return None
@@ -192,7 +219,12 @@ class ConnectionState:
         return decision
 
     def handles_request(self, api_key: int) -> bool:
-        """Whether a handler reads requests of ``api_key`` (else they may go as bytes)."""
+        """Whether a handler reads requests of ``api_key`` (else they may go as bytes);
+        with SASL at the proxy, every request until a login, and all of a session
+        that expires."""
+        if self.shared.sasl_gate is not None and (
+                not self.authenticated or self.session_expiry is not None):
+            return True
         return api_key in self._requests
 
     def wants_response(self, api_key: int, api_version: int) -> bool:

@@ -8,7 +8,9 @@ state, no I/O: the proxy shell reacts to the changes ``learn`` returns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kproxy.policies.addressing import PortMap
 from kproxy.policies.api_versions import default_caps
@@ -32,6 +34,9 @@ class ProxyState:
     served_apis: dict[int, tuple[int, int]] = field(default_factory=dict)
     # The backend's own Metadata maximum, from the last ApiVersions response relayed.
     backend_metadata_max: int | None = None
+    # SASL terminated here: (connection, API key) -> a Close for a request that may not
+    # pass yet (not logged in, session expired), else None (``policies.auth.handlers``).
+    sasl_gate: Callable[[Any, int], Any] | None = None
 
     @property
     def epoch(self) -> int:

@@ -31,6 +31,7 @@ from kproxy.policies.connection import (
     Forward,
     Handled,
     Handlers,
+    Refuse,
     RequestDecision,
     RequestHandler,
     ResponseHandler,
@@ -137,8 +138,8 @@ def _then(first: FollowUp | None, second: FollowUp | None) -> FollowUp | None:
     return both
 
 
-def _kind(decision: Answer | AnswerLater | Close) -> str:
-    return "close" if isinstance(decision, Close) else "answer"
+def _kind(decision: Answer | AnswerLater | Close | Refuse) -> str:
+    return "close" if isinstance(decision, Close | Refuse) else "answer"
 
 
 class ChainedRequest:

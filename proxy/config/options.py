@@ -404,6 +404,4 @@ OTLP_OPTIONS: tuple[Option, ...] = (
           "dropped", "SECONDS"),
 )
 OPTIONS = OPTIONS + TELEMETRY_OPTIONS + OTLP_OPTIONS
-OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
-# What a reload cannot change on a running proxy (listeners, ports, what is served).
-RESTART_ONLY = tuple(o.name for o in OPTIONS if o.restart)
+# The identity options (kproxy.config.identity) join these in kproxy.config.settings.

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.config.filters import TOP_LEVEL_KEYS, FilterSettings, filter_settings
+from kproxy.config.identity import IDENTITY_OPTIONS, Identity, read_identity
 from kproxy.config.options import (
-    OPTIONS,
-    OPTIONS_BY_NAME,
-    RESTART_ONLY,
+    OPTIONS as RELAY_OPTIONS,
+)
+from kproxy.config.options import (
     ConfigError,
     HostPort,
     Option,
@@ -37,6 +38,11 @@ from kproxy.policies.telemetry_subscriptions import (
     TelemetrySettings,
     parse_subscriptions,
 )
+
+OPTIONS = RELAY_OPTIONS + IDENTITY_OPTIONS
+OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
+# What a reload cannot change on a running proxy (listeners, ports, what is served).
+RESTART_ONLY = tuple(o.name for o in OPTIONS if o.restart)
 
 __all__ = ["OPTIONS", "OPTIONS_BY_NAME", "RESTART_ONLY", "Config", "ConfigError", "HostPort",
            "Option", "TelemetryConfig", "add_arguments", "load", "load_or_explain",
@@ -118,6 +124,28 @@ class Config:
     group_max_members: int = 1_000
     filters: FilterSettings = field(default_factory=FilterSettings)
     virtual_clusters: tuple[VirtualClusterSettings, ...] = ()
+    sasl_terminate: bool = False
+    sasl_mechanisms: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+    sasl_users_file: str | None = None
+    sasl_failed_login_delay: float = 1.0
+    sasl_session_lifetime: float = 0.0
+    sasl_oauthbearer_jwks_url: str | None = None
+    sasl_oauthbearer_issuer: str | None = None
+    sasl_oauthbearer_audience: str | None = None
+    sasl_oauthbearer_principal_claim: str = "sub"
+    sasl_oauthbearer_jwks_refresh: float = 300.0
+    sasl_oauthbearer_clock_skew: float = 30.0
+    sasl_upstream_mechanism: str = "none"
+    sasl_upstream_username: str | None = None
+    sasl_upstream_password: str | None = field(default=None, repr=False)
+    sasl_upstream_password_file: str | None = None
+    tls_principal: str = "dn"
+    audit_log: str | None = None
+    audit_log_max_bytes: int = 10 * 1024 * 1024
+    audit_log_backups: int = 5
+    admin_token_file: str | None = None
+    status_auth: bool = False
+    identity: Identity = field(default_factory=Identity)  # the users and token, as read
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
 
@@ -197,6 +225,9 @@ def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     values: dict[tuple[str, ...], Any] = {}
     tables: dict[str, Any] = {}
     for key, value in data.items():
+        if key in ("acls", "quotas"):  # refused rather than accepted and not enforced
+            raise ConfigError(f"{path}: {key}: not supported yet (authorization and quotas "
+                              "at the proxy are planned; the brokers' ACLs still decide)")
         if key in TOP_LEVEL_KEYS:  # [[filters]], default_filters, [[virtual_clusters]]
             tables[key] = value
         elif isinstance(value, dict):
@@ -261,7 +292,8 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         "broker_bind_host": v["broker_bind_host"] or listen_host,
         "broker_bind_port_base": bind_base, "archive": v["archive"] or None,
         "telemetry": _telemetry_config(v, extra, path), "source": path, "extra": extra,
-        "filters": filter_settings(extra, path)})
+        "filters": filter_settings(extra, path),
+        "identity": read_identity(v, v["http"], v["admin"])})
     _check_security(cfg)
     try:
         pm = cfg.port_map

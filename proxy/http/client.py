@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 client on trio and h11, for POSTing to one endpoint (the OTLP exporter).
+"""A small HTTP/1.1 client on trio and h11, for one endpoint: POSTs (the OTLP exporter)
+and GETs (a JWKS for OAUTHBEARER).
 
 One connection, kept alive between requests and opened again when the server closed
 it or a request failed. TLS through the standard ``ssl`` module. Every request is
@@ -52,14 +53,17 @@ class Endpoint:
 class HttpAnswer:
     status: int
     headers: dict[str, str]  # lower-case names
-    body: bytes  # at most MAX_RESPONSE_BYTES
+    body: bytes  # at most the client's max_response_bytes
+    truncated: bool = False  # the server sent more than that; the rest was discarded
 
 
 class HttpClient:
-    def __init__(self, endpoint: Endpoint, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, tls: ssl.SSLContext | None = None,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
         if endpoint.scheme == "https" and tls is None:
             tls = ssl.create_default_context()
         self.endpoint = endpoint
+        self.max_response_bytes = max_response_bytes
         self.tls = tls if endpoint.scheme == "https" else None
         self._stream: trio.abc.Stream | None = None
         self._conn: h11.Connection | None = None
@@ -67,9 +71,17 @@ class HttpClient:
     async def post(self, body: bytes, headers: list[tuple[str, str]],
                    timeout: float) -> HttpAnswer:
         """POST ``body``; the answer, or HttpError when none came within ``timeout``."""
+        return await self._request("POST", body, headers, timeout)
+
+    async def get(self, headers: list[tuple[str, str]], timeout: float) -> HttpAnswer:
+        """GET the endpoint; the answer, or HttpError when none came within ``timeout``."""
+        return await self._request("GET", b"", headers, timeout)
+
+    async def _request(self, method: str, body: bytes, headers: list[tuple[str, str]],
+                       timeout: float) -> HttpAnswer:
         try:
             with trio.fail_after(timeout):
-                return await self._post(body, headers)
+                return await self._post(method, body, headers)
         except trio.TooSlowError:
             await self.aclose()
             raise HttpError(f"no answer within {timeout:g}s") from None
@@ -78,11 +90,12 @@ class HttpClient:
             await self.aclose()
             raise HttpError(_describe(exc)) from None
 
-    async def _post(self, body: bytes, headers: list[tuple[str, str]]) -> HttpAnswer:
+    async def _post(self, method: str, body: bytes,
+                    headers: list[tuple[str, str]]) -> HttpAnswer:
         reused = self._conn is not None and self._conn.our_state is h11.IDLE
         if reused:
             try:
-                return await self._exchange(body, headers)
+                return await self._exchange(method, body, headers)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 # The server may close an idle kept-alive connection just as it is reused:
                 # one more try on a new connection (a POST it never answered).
@@ -90,16 +103,19 @@ class HttpClient:
         else:
             await self.aclose()
         await self._connect()
-        return await self._exchange(body, headers)
+        return await self._exchange(method, body, headers)
 
-    async def _exchange(self, body: bytes, headers: list[tuple[str, str]]) -> HttpAnswer:
+    async def _exchange(self, method: str, body: bytes,
+                        headers: list[tuple[str, str]]) -> HttpAnswer:
         assert self._conn is not None and self._stream is not None
         conn, stream = self._conn, self._stream
-        all_headers = [("host", self.endpoint.host_header), ("content-length", str(len(body))),
-                       ("user-agent", "kproxy"), *headers]
-        data = conn.send(h11.Request(method="POST", target=self.endpoint.target,
+        all_headers = [("host", self.endpoint.host_header), ("user-agent", "kproxy"), *headers]
+        if method == "POST":
+            all_headers.insert(1, ("content-length", str(len(body))))
+        data = conn.send(h11.Request(method=method, target=self.endpoint.target,
                                      headers=all_headers)) or b""
-        data += conn.send(h11.Data(data=body)) or b""
+        if body:
+            data += conn.send(h11.Data(data=body)) or b""
         data += conn.send(h11.EndOfMessage()) or b""
         await stream.send_all(data)
         answer = await self._read_answer(conn, stream)
@@ -122,11 +138,12 @@ class HttpClient:
                 raise
             stream = tls_stream
         self._stream = stream
-        self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_RESPONSE_BYTES)
+        self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=64 * 1024)
 
     async def _read_answer(self, conn: h11.Connection, stream: trio.abc.Stream) -> HttpAnswer:
         response: h11.Response | None = None
         body = bytearray()
+        truncated = False
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -138,13 +155,14 @@ class HttpClient:
             elif isinstance(event, h11.Response):
                 response = event
             elif isinstance(event, h11.Data):
-                room = MAX_RESPONSE_BYTES - len(body)
+                room = self.max_response_bytes - len(body)
+                truncated = truncated or len(event.data) > room
                 if room > 0:
                     body += event.data[:room]
             elif isinstance(event, h11.EndOfMessage) and response is not None:
                 headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                            for k, v in response.headers}
-                return HttpAnswer(response.status_code, headers, bytes(body))
+                return HttpAnswer(response.status_code, headers, bytes(body), truncated)
             elif isinstance(event, h11.ConnectionClosed):
                 raise trio.BrokenResourceError("the server closed the connection")
             # h11.InformationalResponse (100 Continue): wait for the real one

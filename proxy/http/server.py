@@ -35,6 +35,7 @@ class HttpRequest:
     path: str
     headers: dict[str, str]  # lower-case names
     body: bytes
+    peer: str = ""  # the caller's address:port, for the audit log
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -68,7 +69,7 @@ class HttpServer:
             if handler is None:
                 resp = HttpResponse(404, b"not found\n")
             else:
-                resp = await handler(HttpRequest(method, path, headers, body))
+                resp = await handler(HttpRequest(method, path, headers, body, _peer(stream)))
             await self._send(conn, stream, resp, head=method == "HEAD")
         except (h11.RemoteProtocolError, trio.TooSlowError) as exc:
             log.debug("bad HTTP request: %r", exc)
@@ -124,3 +125,11 @@ class HttpServer:
             for chunk in conn.send_with_data_passthrough(h11.Data(data=part)) or []:
                 await stream.send_all(chunk)
         await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except (OSError, ValueError, TypeError):
+        return ""
+    return f"{host}:{port}"

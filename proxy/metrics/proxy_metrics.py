@@ -85,6 +85,9 @@ class ProxyMetrics:
             "kproxy_unauthenticated_requests", "Connections closed for a request the proxy "
             "answers itself (telemetry) arriving before SASL authentication, by API",
             ["api"], registry=r)
+        self.sasl_logins = Counter(
+            "kproxy_sasl_logins", "Logins at the proxy (SASL terminated here), by mechanism "
+            "and outcome (ok, failed)", ["mechanism", "outcome"], registry=r)
         self.limits_hit = Counter(
             "kproxy_limit_hits", "Configured limits reached: connections refused, sessions "
             "closed by a timeout or an oversized frame, clients paused by max_inflight",

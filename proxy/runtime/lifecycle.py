@@ -75,6 +75,8 @@ async def reload(proxy: Proxy) -> bool:
         server_tls, upstream_tls = server_context(new), upstream_context(new)
     except ConfigError as exc:
         proxy.metrics.config_reloads.labels("rejected").inc()
+        proxy.audit_record({"event": "config_reload", "outcome": "rejected",
+                            "error": str(exc)})
         log.error("config reload rejected; keeping the running config",
                   extra={"fields": {"error": str(exc)}})
         return False
@@ -82,6 +84,9 @@ async def reload(proxy: Proxy) -> bool:
     proxy.rotation.tls = upstream_tls
     await apply(proxy, new)
     proxy.metrics.config_reloads.labels("applied").inc()
+    users = new.identity.users
+    proxy.audit_record({"event": "config_reload", "outcome": "applied", "source": new.source,
+                        **({"users": len(users)} if users is not None else {})})
     return True
 
 

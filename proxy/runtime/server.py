@@ -20,10 +20,14 @@ import trio
 from prometheus_client import Gauge
 
 from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
+from kproxy.auth.audit import open_audit
+from kproxy.auth.jwks import JwksCache
+from kproxy.auth.logins import sasl_settings
 from kproxy.codecs import api_keys
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
 from kproxy.http import status
+from kproxy.http.auth import guard
 from kproxy.http.routes import routes
 from kproxy.http.server import Handler, HttpServer
 from kproxy.logs import RateLimitedLog
@@ -35,7 +39,9 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
-from kproxy.policies.filters.chain import DecisionCounts, FilterChain
+from kproxy.policies.auth.cert import cert_principal
+from kproxy.policies.auth.handlers import make_gate, sasl_handlers
+from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterChain
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
@@ -69,6 +75,15 @@ class Proxy:
         self.state = ProxyState(config.port_map, config.legacy_clients, config.require_sasl,
                                 list(config.upstream), served_apis=served_apis(config),
                                 api_caps=api_caps(config))
+        self.audit = open_audit(config.audit_log, config.audit_log_max_bytes,
+                                config.audit_log_backups, "proxy")
+        self.jwks: JwksCache | None = None
+        if config.sasl_terminate and config.sasl_oauthbearer_jwks_url:
+            self.jwks = JwksCache(config.sasl_oauthbearer_jwks_url,
+                                  config.sasl_oauthbearer_jwks_refresh)
+        self.sasl_settings = sasl_settings(config, self.jwks)
+        if config.sasl_terminate:
+            self.state.sasl_gate = make_gate(time.monotonic)
         self.archive: ArchiveWriter | None = None
         if config.archive:
             self.archive = ArchiveWriter(ArchiveSettings(
@@ -83,7 +98,8 @@ class Proxy:
             local[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = self.telemetry.handle_get
             local[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
         local.update(local_handlers or {})  # tests stand in their own answers
-        self.rotation = BootstrapRotation(config.upstream, upstream_context(config))
+        self.rotation = BootstrapRotation(config.upstream, upstream_context(config),
+                                          config.identity.upstream_login)
         self.events = events = SessionEvents(metrics, self.ratelog, self.archive)
         self.backend = BackendWatch(self.state, metrics, self.ratelog, self.rotation,
                                     config.node_id_range)
@@ -98,6 +114,11 @@ class Proxy:
         self.parking = ParkingLot(lambda: self.config.idle_timeout)
         # The filter chain: the built-in filters, then default_filters (rebuilt at a reload).
         self.builtins = builtin_filters(local, self.groups.watch if self.groups else None)
+        if config.sasl_terminate:
+            self.builtins.append(BuiltinFilter(
+                "sasl-terminate", sasl_handlers(lambda: self.sasl_settings, self.audit_record),
+                "clients log in at the proxy: SaslHandshake and SaslAuthenticate answered "
+                "here, nothing else before a login"))
         self.filter_counts = DecisionCounts()
         metrics.watch_filters(lambda: self.filter_counts.counts)
         self.chain = self._chain(config)
@@ -141,7 +162,9 @@ class Proxy:
         """A reloaded configuration: new connections and the services use it from now on."""
         self.config = self.services.config = self.listeners.config = new
         self.state.reconfigure(new.legacy_clients, new.require_sasl, new.upstream)
+        self.sasl_settings = sasl_settings(new, self.jwks)
         self.rotation.servers = list(new.upstream)
+        self.rotation.login = new.identity.upstream_login
         self.services.connector.timeout = new.connect_timeout
         self.admission.config = new
         self.budget.limit = new.max_buffered_bytes
@@ -206,12 +229,15 @@ class Proxy:
                     await self._open_virtual_cluster(vcluster, services)
                 http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
                 self.http_port = http[0].socket.getsockname()[1]
-                services.start_soon(trio.serve_listeners, HttpServer(
-                    {**routes(self), "/internal/facts": self._facts()}).handle, http)
+                services.start_soon(trio.serve_listeners, HttpServer(guard(
+                    {**routes(self), "/internal/facts": self._facts()},
+                    cfg.identity.admin_token, cfg.status_auth, self.audit_record)).handle, http)
                 await self.discover_once()
                 services.start_soon(self._discovery_loop)
                 if self.otlp is not None:
                     services.start_soon(self.otlp.run)
+                if self.jwks is not None:
+                    services.start_soon(self.jwks.run)
                 if self.admission.control is None:  # a worker's supervisor keeps its own
                     services.start_soon(status.record_history, self)
                 if cfg.source and cfg.config_watch_interval > 0:
@@ -288,6 +314,8 @@ class Proxy:
             self.sessions.add(session)
             if vcluster is not None:
                 vcluster.accepted += 1
+            if isinstance(client, trio.SSLStream) and self.config.tls_client_auth != "none":
+                self._cert_login(session, client)
         finally:
             if session is None:
                 stream.socket.close()  # idempotent: closed already when refused
@@ -322,6 +350,18 @@ class Proxy:
             name = f"broker-{node_id}" if node_id is not None else name
         return client, name, node_id
 
+    def _cert_login(self, session: Session, client: trio.SSLStream[trio.SocketStream]) -> None:
+        """A verified client certificate names the connection's principal (a SASL login
+        on it, when SASL is terminated here, still comes first and names it then)."""
+        principal = cert_principal(client.getpeercert(), self.config.tls_principal)
+        if principal is None:
+            return
+        conn = session.conn
+        conn.principal = principal
+        self.audit_record({"event": "login", "outcome": "ok", "mechanism": "mTLS",
+                           "principal": principal, "listener": conn.listener,
+                           "source": f"{conn.info.source_address}:{conn.info.source_port}"})
+
     def _session_ended(self, session: Session) -> None:
         self.sessions.discard(session)
         if session.services is not self.services:
@@ -340,6 +380,14 @@ class Proxy:
         while True:
             await trio.sleep(self.config.discovery_interval)
             await self.discover_once()
+
+    def audit_record(self, fields: dict[str, object]) -> None:
+        """A security event: counted, and appended to the audit log when there is one."""
+        if fields.get("event") in ("login", "reauthentication"):
+            self.metrics.sasl_logins.labels(str(fields.get("mechanism") or ""),
+                                            str(fields.get("outcome"))).inc()
+        if self.audit is not None:
+            self.audit.record(fields)
 
     def _facts(self) -> Handler:
         """``/internal/facts``: what a supervisor merges over workers (``worker_merge``)."""
@@ -363,10 +411,15 @@ class Proxy:
 
 def served_apis(config: Config) -> dict[int, tuple[int, int]]:
     """APIs the proxy answers itself, as advertised in ApiVersions: key -> (min, max)."""
-    if not config.telemetry.enabled:
-        return {}
-    # Both keys, always together: a client only pushes when it sees both.
-    return {api_keys.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0), api_keys.PUSH_TELEMETRY: (0, 0)}
+    served: dict[int, tuple[int, int]] = {}
+    if config.sasl_terminate:  # v0 handshakes are refused with a clear reason
+        served[api_keys.SASL_HANDSHAKE] = (0, 1)
+        served[api_keys.SASL_AUTHENTICATE] = (0, 2)
+    if config.telemetry.enabled:
+        # Both keys, always together: a client only pushes when it sees both.
+        served[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = (0, 0)
+        served[api_keys.PUSH_TELEMETRY] = (0, 0)
+    return served
 
 
 def api_caps(config: Config) -> dict[int, int]:

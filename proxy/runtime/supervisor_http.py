@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from kproxy.http.auth import FORWARDED
 from kproxy.http.history import STEP, Sample
 from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.http.status_merge import WorkerInfo, merge
@@ -47,6 +48,9 @@ async def ask_all(sup: Supervisor, path: str, headers: dict[str, str] | None = N
                   method: str = "GET") -> list[tuple[int, bytes]]:
     """Every worker's answer to ``method path``, in worker order; (0, b"") when none."""
     answers: list[tuple[int, bytes]] = [(0, b"")] * len(sup.workers)
+    token = sup.cfg.identity.admin_token
+    if token is not None:  # the workers guard what the supervisor guards
+        headers = {**(headers or {}), "authorization": f"Bearer {token}", FORWARDED: "1"}
 
     def fetch(port: int) -> tuple[int, bytes]:
         req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {},

@@ -1,13 +1,16 @@
-"""Opening the one upstream connection a client connection maps to."""
+"""Opening the one upstream connection a client connection maps to (and discovery's):
+TCP, TLS when on, and the proxy's own SASL login when ``[sasl.upstream]`` sets one."""
 
 from __future__ import annotations
 
 import ssl
+import struct
 from collections.abc import Sequence
 
 import trio
 
 from kproxy.config.settings import HostPort
+from kproxy.policies.auth.upstream import UpstreamCredentials, UpstreamLogin, UpstreamLoginFailed
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.runtime.tls import connect_tls
@@ -20,15 +23,19 @@ class UpstreamUnavailable(Exception):
         super().__init__("; ".join(f"{h}:{p}: {why}" for (h, p), why in tried))
 
 
-async def connect(host: str, port: int, timeout: float,
-                  tls: ssl.SSLContext | None = None) -> trio.abc.Stream:
-    """A connection to one broker, TLS when ``tls`` is given; the timeout covers both."""
+MAX_SASL_ANSWER = 64 * 1024
+
+
+async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None,
+                  login: UpstreamCredentials | None = None) -> trio.abc.Stream:
+    """A connection to one broker, TLS when ``tls`` is given, logged in with ``login``;
+    the timeout covers each of the three."""
     with trio.fail_after(timeout):
         stream = await trio.open_tcp_stream(host, port)
     if tls is None:
-        return stream
+        return await _logged_in(stream, login, timeout)
     try:
-        return await connect_tls(stream, tls, host, timeout)
+        return await _logged_in(await connect_tls(stream, tls, host, timeout), login, timeout)
     except trio.BrokenResourceError as exc:
         await trio.aclose_forcefully(stream)
         why = exc.__cause__ if isinstance(exc.__cause__, ssl.SSLError) else exc
@@ -36,6 +43,40 @@ async def connect(host: str, port: int, timeout: float,
     except BaseException:
         await trio.aclose_forcefully(stream)
         raise
+
+
+async def _logged_in(stream: trio.abc.Stream, login: UpstreamCredentials | None,
+                     timeout: float) -> trio.abc.Stream:
+    """The stream, after the proxy's SASL login on it when one is configured."""
+    if login is None:
+        return stream
+    exchange = UpstreamLogin(login)
+    try:
+        with trio.fail_after(timeout):
+            out: bytes | None = exchange.start()
+            while out is not None:
+                await stream.send_all(out)
+                out = exchange.receive(await _read_frame(stream))
+    except BaseException as exc:
+        await trio.aclose_forcefully(stream)
+        if isinstance(exc, UpstreamLoginFailed):
+            raise OSError(str(exc)) from None
+        if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
+            raise OSError("the broker closed the connection during the SASL login") from None
+        raise
+    return stream
+
+
+async def _read_frame(stream: trio.abc.Stream) -> bytes:
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+        if len(data) >= 4 and not 0 <= struct.unpack(">i", data[:4])[0] <= MAX_SASL_ANSWER:
+            raise UpstreamLoginFailed("the broker's SASL answer is not a sane frame")
+        chunk = await stream.receive_some(MAX_SASL_ANSWER)
+        if not chunk:
+            raise trio.BrokenResourceError("closed")
+        data += chunk
+    return data[4:]
 
 
 class BootstrapRotation:
@@ -46,15 +87,17 @@ class BootstrapRotation:
     the proxy's view of the backend would flip between their answers.
     """
 
-    def __init__(self, servers: Sequence[HostPort], tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, servers: Sequence[HostPort], tls: ssl.SSLContext | None = None,
+                 login: UpstreamCredentials | None = None) -> None:
         self.servers = list(servers)
         self.tls = tls
+        self.login = login  # the proxy's own SASL login at the brokers, if any
 
     async def connect(self, timeout: float) -> tuple[trio.abc.Stream, HostPort]:
         tried: list[tuple[HostPort, str]] = []
         for host, port in list(self.servers):
             try:
-                return await connect(host, port, timeout, self.tls), (host, port)
+                return await connect(host, port, timeout, self.tls, self.login), (host, port)
             except trio.TooSlowError:
                 tried.append(((host, port), f"no answer within {timeout:g}s"))
             except OSError as exc:
@@ -88,7 +131,8 @@ class UpstreamConnector:
             raise UpstreamUnavailable([(("?", 0), f"node {node_id} is not a known broker")])
         where = (addr.host, addr.port)
         try:
-            return await connect(addr.host, addr.port, self.timeout, self.rotation.tls), where
+            return await connect(addr.host, addr.port, self.timeout, self.rotation.tls,
+                                 self.rotation.login), where
         except trio.TooSlowError:
             raise UpstreamUnavailable([(where, f"no answer within {self.timeout:g}s")]) from None
         except OSError as exc:

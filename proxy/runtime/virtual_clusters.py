@@ -46,7 +46,9 @@ class VirtualCluster:
         self.state = ProxyState(
             settings.port_map(config.node_id_range), config.legacy_clients,
             config.require_sasl, list(config.upstream), view=shared.view,
-            served_apis=shared.served_apis)
+            served_apis=shared.served_apis,
+            # Logging in at the proxy holds on every listener: a tenant's too.
+            sasl_gate=shared.sasl_gate)
         self.translation = VirtualClusterFilter(settings.name, settings.prefix)
         self.builtins = builtins
         self.counts = counts

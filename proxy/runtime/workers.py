@@ -36,8 +36,10 @@ from dataclasses import dataclass
 
 import trio
 
+from kproxy.auth.audit import open_audit
 from kproxy.config.settings import Config
 from kproxy.embedded_broker import free_port
+from kproxy.http.auth import guard
 from kproxy.http.history import History
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
 from kproxy.metrics.worker_merge import WorkerMerge
@@ -94,6 +96,9 @@ class Supervisor:
         self.history = History()  # the whole proxy's last 15 minutes, for the status page
         # The one count of open connections across workers (kproxy.runtime.admission_hub).
         self.hub = AdmissionHub(cfg.max_connections, cfg.max_connections_per_source)
+        # Admin calls made here are audited here; the workers log their own logins.
+        self.audit = open_audit(cfg.audit_log, cfg.audit_log_max_bytes, cfg.audit_log_backups,
+                                "supervisor")
 
     def stop(self) -> None:
         """As SIGTERM does: every worker drains, then ``run`` returns."""
@@ -110,7 +115,9 @@ class Supervisor:
             "workers": len(self.workers), "http": f"{self.cfg.http[0]}:{self.cfg.http[1]}"}})
         async with trio.open_nursery() as nursery:
             http = await trio.open_tcp_listeners(self.cfg.http[1], host=self.cfg.http[0])
-            nursery.start_soon(trio.serve_listeners, HttpServer(self.routes()).handle, http)
+            routes = guard(self.routes(), self.cfg.identity.admin_token, self.cfg.status_auth,
+                           self.audit.record if self.audit is not None else None)
+            nursery.start_soon(trio.serve_listeners, HttpServer(routes).handle, http)
             for worker in self.workers:
                 nursery.start_soon(self._keep_running, worker)
             nursery.start_soon(self._signals)

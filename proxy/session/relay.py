@@ -30,7 +30,7 @@ from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
 from kproxy.codecs.peek import peek_correlation_id, peek_request
 from kproxy.memory import Charge
-from kproxy.policies.connection import Answer, AnswerLater, Close, Forward
+from kproxy.policies.connection import Answer, AnswerLater, Close, Forward, Refuse
 from kproxy.policies.rebootstrap import Action
 from kproxy.session import splice
 from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
@@ -102,6 +102,14 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
                                                 peek.api_version, now)
             session.start(_answer_later, session, slot, decision)
             continue
+        elif isinstance(decision, Refuse):
+            # Answered after the delay, then closed; nothing after it is read or sent.
+            events.refused(Close(decision.event, decision.event, decision.message), conn)
+            slot = session.ordered.answer_later(peek.correlation_id, peek.api_key,
+                                                peek.api_version, now)
+            session.start(_refuse, session, slot, decision)
+            session.stop_reading()
+            break
         else:
             assert isinstance(decision, Close)
             events.refused(decision, conn)
@@ -192,6 +200,14 @@ async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> 
         await session.writer.flush()
         if not len(session.ordered):  # its wait for the client may have no deadline
             session.note_idle()
+
+
+async def _refuse(session: Session, slot: Slot, decision: Refuse) -> None:
+    """A refusal (a failed login): wait the delay, answer, and let the drain close."""
+    with TaskGuard(session, ends_session=False):
+        await trio.sleep(min(decision.delay_s, session.config.drain_timeout / 2))
+        slot.wire = _SIZE.pack(len(decision.body)) + decision.body
+        await session.writer.flush()
 
 
 async def _wait_for_room(session: Session) -> None:

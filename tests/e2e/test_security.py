@@ -415,3 +415,22 @@ async def test_sasl_handshake_v0_is_refused_with_a_clear_log(
         await client.send(encode_request(api_keys.SASL_HANDSHAKE, 0, 1, {"mechanism": "PLAIN"}))
         assert await closed_by_proxy(client)
     assert any("SaslHandshake v0" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_client_certificate_names_the_principal_in_the_audit_log(
+        nursery: trio.Nursery, tansu: TansuBroker, pki: Pki, tmp_path: Path) -> None:
+    import json
+    audit = tmp_path / "audit.log"
+    proxy = await start_proxy(nursery, tansu.bootstrap, tls_cert=pki.cert, tls_key=pki.key,
+                              tls_client_ca=pki.ca_file, tls_client_auth="required",
+                              audit_log=audit)
+    conf = {"bootstrap.servers": f"127.0.0.1:{proxy.bootstrap_port}",
+            "security.protocol": "SSL", "ssl.ca.location": str(pki.ca_file),
+            "ssl.certificate.location": str(pki.client_cert),
+            "ssl.key.location": str(pki.client_key)}
+    assert len(await trio.to_thread.run_sync(round_trip, conf, "mtls-principal", 1)) == 1
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    logins = [r for r in records if r["mechanism"] == "mTLS"]
+    assert logins and all(r["outcome"] == "ok" and r["source"].startswith("127.0.0.1:")
+                          for r in logins)
+    assert "O=trustme" in logins[0]["principal"]

@@ -1,0 +1,145 @@
+"""The users file: who may log in with PLAIN or SCRAM, parsed without I/O.
+
+TOML, one ``[users.NAME]`` table per user, holding either a ``password`` or, per SCRAM
+mechanism, stored credentials (``[users.NAME.scram_sha_256]`` with ``salt``,
+``iterations``, ``stored_key``, ``server_key``; base64 as Kafka's ``kafka-configs``
+prints them). Stored credentials keep passwords off the proxy's disk; PLAIN then
+checks a password by deriving its key with the stored salt. SCRAM credentials for a
+``password`` user are derived once, on first use, and kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+import scramp
+
+MAX_USERS_FILE_BYTES = 1024 * 1024  # a users file larger than this is refused
+MAX_NAME_BYTES = 256
+MAX_PASSWORD_BYTES = 1024
+SCRAM_MECHANISMS = {"SCRAM-SHA-256": "scram_sha_256", "SCRAM-SHA-512": "scram_sha_512"}
+MIN_ITERATIONS = 4096  # Kafka's minimum, and scramp's
+
+
+class UsersError(ValueError):
+    """A bad users file; the message names the user and key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredential:
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+
+@dataclass(slots=True)
+class User:
+    name: str
+    password: str | None = None
+    scram: dict[str, ScramCredential] = field(default_factory=dict)  # by mechanism name
+
+
+class UserStore:
+    """Users by name. Lookups never say whether a name exists to a client; the
+    mechanisms fail the same way for an unknown name and a wrong password."""
+
+    def __init__(self, users: dict[str, User]) -> None:
+        self.users = users
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def check_password(self, name: str, password: str) -> bool:
+        """PLAIN: the password against the stored one or the stored SCRAM key."""
+        user = self.users.get(name)
+        if user is None:
+            return False
+        if user.password is not None:
+            return hmac.compare_digest(user.password.encode(), password.encode())
+        for mechanism, cred in user.scram.items():
+            derived = scramp.ScramMechanism(mechanism).make_auth_info(
+                password, iteration_count=cred.iterations, salt=cred.salt)
+            return hmac.compare_digest(derived[1], cred.stored_key)
+        return False
+
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+        """The user's credential for ``mechanism``, derived from a password once."""
+        user = self.users.get(name)
+        if user is None:
+            return None
+        cred = user.scram.get(mechanism)
+        if cred is None and user.password is not None:
+            salt, stored, server, i = scramp.ScramMechanism(mechanism).make_auth_info(
+                user.password, iteration_count=MIN_ITERATIONS)
+            cred = user.scram[mechanism] = ScramCredential(salt, stored, server, i)
+        return cred
+
+
+def parse_users(text: str | bytes, where: str = "users_file") -> UserStore:
+    """A users file's content as a store; ``UsersError`` names what is wrong."""
+    if len(text) > MAX_USERS_FILE_BYTES:
+        raise UsersError(f"{where}: larger than {MAX_USERS_FILE_BYTES} bytes")
+    try:
+        data = tomllib.loads(text.decode() if isinstance(text, bytes) else text)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsersError(f"{where}: not valid TOML ({exc})") from None
+    extra = set(data) - {"users"}
+    if extra:
+        raise UsersError(f"{where}: {sorted(extra)[0]}: unknown key (expected [users.NAME])")
+    table = data.get("users", {})
+    if not isinstance(table, dict):
+        raise UsersError(f"{where}: users: must be a table of [users.NAME] tables")
+    users = {}
+    for name, entry in table.items():
+        users[name] = _user(name, entry, f"{where}: users.{name}")
+    return UserStore(users)
+
+
+def _user(name: str, entry: Any, where: str) -> User:
+    if not name or len(name.encode()) > MAX_NAME_BYTES:
+        raise UsersError(f"{where}: a name of 1 to {MAX_NAME_BYTES} bytes is needed")
+    if not isinstance(entry, dict):
+        raise UsersError(f"{where}: must be a table")
+    user = User(name)
+    for key, value in entry.items():
+        if key == "password":
+            if not isinstance(value, str) or not value or (
+                    len(value.encode()) > MAX_PASSWORD_BYTES):
+                raise UsersError(f"{where}.password: a string of 1 to {MAX_PASSWORD_BYTES} "
+                                 "bytes is needed")
+            user.password = value
+        elif key in SCRAM_MECHANISMS.values():
+            mechanism = next(m for m, k in SCRAM_MECHANISMS.items() if k == key)
+            user.scram[mechanism] = _credential(value, f"{where}.{key}")
+        else:
+            raise UsersError(f"{where}.{key}: unknown key (password, scram_sha_256, "
+                             "scram_sha_512)")
+    if user.password is None and not user.scram:
+        raise UsersError(f"{where}: needs a password or stored SCRAM credentials")
+    return user
+
+
+def _credential(value: Any, where: str) -> ScramCredential:
+    if not isinstance(value, dict):
+        raise UsersError(f"{where}: must be a table (salt, iterations, stored_key, server_key)")
+    missing = {"salt", "iterations", "stored_key", "server_key"} - set(value)
+    if missing:
+        raise UsersError(f"{where}: missing {', '.join(sorted(missing))}")
+    iterations = value["iterations"]
+    if not isinstance(iterations, int) or not MIN_ITERATIONS <= iterations <= 1_000_000:
+        raise UsersError(f"{where}.iterations: an integer from {MIN_ITERATIONS} to 1000000")
+    keys = {}
+    for key in ("salt", "stored_key", "server_key"):
+        try:
+            keys[key] = base64.b64decode(str(value[key]), validate=True)
+        except (binascii.Error, ValueError):
+            raise UsersError(f"{where}.{key}: not base64") from None
+        if not keys[key]:
+            raise UsersError(f"{where}.{key}: empty")
+    return ScramCredential(keys["salt"], keys["stored_key"], keys["server_key"], iterations)

@@ -1,0 +1,37 @@
+"""What a login at the proxy reads, built from a (re)loaded configuration.
+
+The handlers (``policies.auth.handlers``) ask for the current ``SaslSettings`` at each
+login, so a reload (a new users file) applies to the next one; OAUTHBEARER reads the
+JWKS as the process last fetched it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kproxy.auth.jwks import JwksCache
+from kproxy.config.settings import Config
+from kproxy.policies.auth.handlers import SaslSettings
+from kproxy.policies.auth.oauth import OAuthExchange, OAuthSettings
+from kproxy.policies.auth.sasl import OAUTHBEARER, Exchange, exchange_factory
+
+
+def sasl_settings(config: Config, jwks: JwksCache | None) -> SaslSettings:
+    """What a login reads, from a (re)loaded configuration: the users file as read, the
+    OAUTHBEARER checks with the JWKS as last fetched."""
+    users = config.identity.users
+    others: dict[str, Callable[[], Exchange]] = {}
+    if jwks is not None and config.sasl_oauthbearer_issuer and config.sasl_oauthbearer_audience:
+        oauth = OAuthSettings(config.sasl_oauthbearer_issuer, config.sasl_oauthbearer_audience,
+                              config.sasl_oauthbearer_principal_claim,
+                              config.sasl_oauthbearer_clock_skew)
+        others[OAUTHBEARER] = lambda: OAuthExchange(oauth, jwks.keys, time.time,
+                                                    jwks.unknown_kid)
+    make = exchange_factory(lambda: users, others) if users is not None else (
+        lambda mechanism: others[mechanism]() if mechanism in others else None)
+    return SaslSettings(
+        config.sasl_mechanisms, make,
+        config.sasl_failed_login_delay,
+        session_lifetime_ms=int(config.sasl_session_lifetime * 1000),
+        clock=time.monotonic)

@@ -1,0 +1,214 @@
+"""SASL termination without sockets: the users file, PLAIN and SCRAM exchanges against
+scramp's client, and the handlers' answers (ok, failed after a delay, gate, sizes)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import scramp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kproxy.codecs import api_keys
+from kproxy.codecs.error_codes import ErrorCode
+from kproxy.codecs.messages import decode_response
+from kproxy.codecs.peek import peek_request
+from kproxy.policies.addressing import PortMap
+from kproxy.policies.auth.handlers import SaslSettings, make_gate, sasl_handlers
+from kproxy.policies.auth.sasl import PlainExchange, ScramExchange, exchange_factory
+from kproxy.policies.auth.users import UsersError, parse_users
+from kproxy.policies.connection import Answer, Close, ConnectionState, Refuse
+from kproxy.policies.proxy_state import ProxyState
+
+from ..support import encode_request
+
+_SALT, _STORED, _SERVER, _I = scramp.ScramMechanism("SCRAM-SHA-512").make_auth_info(
+    "bob-secret", iteration_count=4096)
+USERS = f"""
+[users.alice]
+password = "alice-secret"
+
+[users.bob.scram_sha_512]
+salt = "{base64.b64encode(_SALT).decode()}"
+iterations = {_I}
+stored_key = "{base64.b64encode(_STORED).decode()}"
+server_key = "{base64.b64encode(_SERVER).decode()}"
+"""
+
+
+def _scram_login(mechanism: str, user: str, password: str) -> tuple[str | None, str | None]:
+    store = parse_users(USERS)
+    client = scramp.ScramClient([mechanism], user, password)
+    server = ScramExchange(store, mechanism)
+    first = server.step(client.get_client_first().encode())
+    if first.error:
+        return None, first.error
+    client.set_server_first(first.reply.decode())
+    final = server.step(client.get_client_final().encode())
+    if final.error:
+        return None, final.error
+    client.set_server_final(final.reply.decode())  # the server proved it knows the key
+    return final.principal, None
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_with_a_password_user(mechanism: str) -> None:
+    assert _scram_login(mechanism, "alice", "alice-secret") == ("alice", None)
+    principal, error = _scram_login(mechanism, "alice", "wrong")
+    assert principal is None and error and "invalid credentials" in error
+
+
+def test_scram_with_stored_credentials_and_unknown_user() -> None:
+    assert _scram_login("SCRAM-SHA-512", "bob", "bob-secret") == ("bob", None)
+    assert _scram_login("SCRAM-SHA-512", "bob", "nope")[0] is None
+    # bob has no SHA-256 credential and no password: refused like an unknown name
+    assert _scram_login("SCRAM-SHA-256", "bob", "bob-secret")[0] is None
+    assert _scram_login("SCRAM-SHA-256", "nobody", "x")[0] is None
+
+
+def test_plain() -> None:
+    store = parse_users(USERS)
+    assert PlainExchange(store).step(b"\0alice\0alice-secret").principal == "alice"
+    assert PlainExchange(store).step(b"alice\0alice\0alice-secret").principal == "alice"
+    assert PlainExchange(store).step(b"\0alice\0wrong").error
+    assert PlainExchange(store).step(b"bob\0alice\0alice-secret").error  # authzid differs
+    assert PlainExchange(store).step(b"\0bob\0bob-secret").principal == "bob"  # stored key
+    assert PlainExchange(store).step(b"garbage").error
+    assert PlainExchange(store).step(b"\0\xff\0x").error
+
+
+@pytest.mark.parametrize("text, where", [
+    ("[users.a]\n", "needs a password"),
+    ("[users.a]\npassword = 3\n", "password"),
+    ("[users.a]\nsecret = 'x'\n", "unknown key"),
+    ("[users.a.scram_sha_256]\nsalt = 'x'\n", "missing"),
+    ("[users.a.scram_sha_256]\nsalt='!!'\niterations=4096\nstored_key='QQ=='\n"
+     "server_key='QQ=='\n", "not base64"),
+    ("[users.a.scram_sha_256]\nsalt='QQ=='\niterations=10\nstored_key='QQ=='\n"
+     "server_key='QQ=='\n", "iterations"),
+    ("users = 3\n", "must be a table"),
+    ("not toml [", "not valid TOML"),
+    ("x" * (1024 * 1024 + 1), "larger than"),
+])
+def test_bad_users_files(text: str, where: str) -> None:
+    with pytest.raises(UsersError, match=where):
+        parse_users(text)
+
+
+# ----------------------------------------------------------------------------- handlers
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _conn(settings: SaslSettings, audit: list[dict[str, Any]]) -> ConnectionState:
+    state = ProxyState(PortMap("h", 30000, 30000, 1, 1))
+    state.sasl_gate = make_gate(settings.clock)
+    return ConnectionState(state, sasl_handlers(lambda: settings, audit.append), "bootstrap",
+                           None, ("10.0.0.7", 5555))
+
+
+def _ask(conn: ConnectionState, key: int, version: int, body: dict[str, Any],
+         cid: int = 1) -> Any:
+    frame = memoryview(encode_request(key, version, cid, body))[4:]
+    return conn.request(peek_request(frame), frame)
+
+
+def _settings(**kw: Any) -> SaslSettings:
+    store = parse_users(USERS)
+    return SaslSettings(("PLAIN", "SCRAM-SHA-256"), exchange_factory(lambda: store), 0.5,
+                        clock=Clock(), **kw)
+
+
+def test_plain_login_opens_the_gate_and_is_audited() -> None:
+    audit: list[dict[str, Any]] = []
+    conn = _conn(_settings(), audit)
+    assert isinstance(_ask(conn, api_keys.METADATA, 12, {"topics": None}), Close)
+    hs = _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    assert isinstance(hs, Answer)
+    body = decode_response(hs.body, api_keys.SASL_HANDSHAKE, 1).body
+    assert body["error_code"] == 0 and body["mechanisms"] == ["PLAIN", "SCRAM-SHA-256"]
+    ok = _ask(conn, api_keys.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0alice-secret"})
+    assert isinstance(ok, Answer)
+    assert decode_response(ok.body, api_keys.SASL_AUTHENTICATE, 2).body["error_code"] == 0
+    assert conn.authenticated and conn.principal == "alice"
+    assert _ask(conn, api_keys.METADATA, 12, {"topics": None}) is None  # forwarded
+    assert audit == [{"event": "login", "outcome": "ok", "mechanism": "PLAIN",
+                      "principal": "alice", "source": "10.0.0.7:5555",
+                      "listener": "bootstrap"}]
+
+
+def test_failed_login_is_refused_after_the_delay_and_audited_without_the_password() -> None:
+    audit: list[dict[str, Any]] = []
+    conn = _conn(_settings(), audit)
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    bad = _ask(conn, api_keys.SASL_AUTHENTICATE, 1, {"auth_bytes": b"\0alice\0guess"})
+    assert isinstance(bad, Refuse) and bad.delay_s == 0.5
+    resp = decode_response(bad.body, api_keys.SASL_AUTHENTICATE, 1).body
+    assert resp["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert not conn.authenticated
+    assert audit[0]["outcome"] == "failed" and audit[0]["principal"] == "alice"
+    assert "guess" not in repr(audit)
+
+
+def test_unoffered_mechanism_v0_handshake_oversized_token_and_no_handshake() -> None:
+    conn = _conn(_settings(), [])
+    refused = _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-512"})
+    assert isinstance(refused, Refuse)
+    body = decode_response(refused.body, api_keys.SASL_HANDSHAKE, 1).body
+    assert body["error_code"] == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+    assert isinstance(_ask(_conn(_settings(), []), api_keys.SASL_HANDSHAKE, 0,
+                           {"mechanism": "PLAIN"}), Close)
+    conn = _conn(_settings(max_token_bytes=100), [])
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    assert isinstance(_ask(conn, api_keys.SASL_AUTHENTICATE, 1, {"auth_bytes": b"x" * 200}),
+                      Refuse)
+    no_hs = _ask(_conn(_settings(), []), api_keys.SASL_AUTHENTICATE, 1, {"auth_bytes": b""})
+    assert isinstance(no_hs, Refuse)
+    assert decode_response(no_hs.body, api_keys.SASL_AUTHENTICATE, 1).body[
+        "error_code"] == ErrorCode.ILLEGAL_SASL_STATE
+
+
+def test_session_lifetime_closes_an_expired_session_unless_renewed() -> None:
+    settings = _settings(session_lifetime_ms=10_000)
+    clock = settings.clock
+    assert isinstance(clock, Clock)
+    conn = _conn(settings, [])
+    for _ in range(2):
+        _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+        ok = _ask(conn, api_keys.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0alice-secret"})
+        assert decode_response(ok.body, api_keys.SASL_AUTHENTICATE, 2).body[
+            "session_lifetime_ms"] == 10_000
+        clock.now += 9
+        assert _ask(conn, api_keys.METADATA, 12, {"topics": None}) is None
+    clock.now += 2
+    assert isinstance(_ask(conn, api_keys.METADATA, 12, {"topics": None}), Close)
+
+
+def test_certificate_principal_as_kafka_names_it() -> None:
+    from kproxy.policies.auth.cert import cert_principal
+    cert = {"subject": ((("countryName", "DE"),), (("organizationName", "Corp, Inc"),),
+                        (("organizationalUnitName", "team"),), (("commonName", "app-1"),))}
+    assert cert_principal(cert) == "CN=app-1,OU=team,O=Corp\\, Inc,C=DE"
+    assert cert_principal(cert, "cn") == "app-1"
+    assert cert_principal(None) is None and cert_principal({}) is None
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=3),
+       st.sampled_from(["PLAIN", "SCRAM-SHA-256"]))
+@settings(max_examples=60, deadline=None)
+def test_hostile_tokens_end_in_an_answer_or_a_refusal_never_an_error(
+        tokens: list[bytes], mechanism: str) -> None:
+    conn = _conn(_settings(), [])
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": mechanism})
+    for token in tokens:
+        decision = _ask(conn, api_keys.SASL_AUTHENTICATE, 1, {"auth_bytes": token})
+        assert isinstance(decision, Answer | Refuse)
+        if isinstance(decision, Refuse):
+            break
+    assert not conn.authenticated
