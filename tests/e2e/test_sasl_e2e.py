@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -27,7 +28,13 @@ import pytest
 from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, encode_request, free_port, kproxy_process
+from ..support import (
+    KproxyProcess,
+    broker_port_base,
+    encode_request,
+    free_port,
+    kproxy_process,
+)
 
 pytestmark = pytest.mark.broker
 TOKEN = "test-admin-token-0123456789"
@@ -47,6 +54,7 @@ def proxy(shared_tansu: TansuBroker,
     token = tmp / "admin.token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
+    vc_port, vc_base = free_port(), broker_port_base()
     (tmp / "kproxy.toml").write_text(f"""
 audit_log = "{tmp / 'audit.log'}"
 admin = true
@@ -57,6 +65,11 @@ terminate = true
 mechanisms = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 users_file = "{tmp / 'users.toml'}"
 failed_login_delay = 0.3
+[[virtual_clusters]]
+name = "tenant"
+listen = "127.0.0.1:{vc_port}"
+broker_port_base = {vc_base}
+prefix = "tenant."
 """)
     with kproxy_process(shared_tansu.bootstrap, tmp, "--config", str(tmp / "kproxy.toml")) as kp:
         yield kp, tmp
@@ -132,9 +145,9 @@ def test_wrong_password_is_refused_and_audited_without_it(
     assert "guessed-wrong" not in text and "alice-secret" not in text
 
 
-def _raw(kp: KproxyProcess, *frames: bytes) -> bytes:
+def _raw(kp: KproxyProcess, *frames: bytes, port: int | None = None) -> bytes:
     """Send frames on a fresh connection; what comes back before the proxy closes it."""
-    with socket.create_connection(("127.0.0.1", kp.bootstrap_port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", port or kp.bootstrap_port), timeout=10) as sock:
         for frame in frames:
             sock.sendall(frame)
         data = b""
@@ -163,6 +176,30 @@ def test_requests_before_login_and_malformed_frames_are_refused(
     assert struct.pack(">i", 2) in _raw(kp, handshake, big)
     # Everyone else is served meanwhile.
     test_confluent_kafka_logs_in_and_produces(proxy, "PLAIN")
+
+
+def test_a_virtual_cluster_listener_needs_a_login_too(
+        proxy: tuple[KproxyProcess, Path]) -> None:
+    """A tenant's listener is no way around logging in: nothing before a login, and a
+    client that logs in there produces into the tenant's own topic."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    kp, tmp = proxy
+    vc = int(re.search(r'listen = "127.0.0.1:(\d+)"',
+                       (tmp / "kproxy.toml").read_text()).group(1))  # type: ignore[union-attr]
+    assert _raw(kp, encode_request(api_keys.METADATA, 12, 1, {
+        "topics": None, "allow_auto_topic_creation": False,
+        "include_topic_authorized_operations": False}), port=vc) == b""
+    topic = f"vc-sasl-{uuid.uuid4().hex[:8]}"
+    producer = Producer(_ck(kp, "SCRAM-SHA-256", "alice", "alice-secret",
+                            **{"bootstrap.servers": f"127.0.0.1:{vc}"}))
+    failed: list[object] = []
+    producer.produce(topic, b"x", on_delivery=lambda err, _m: err and failed.append(err))
+    assert producer.flush(30) == 0 and not failed, failed
+    # On the backend the topic carries the tenant's prefix.
+    admin = AdminClient(_ck(kp, "PLAIN", "alice", "alice-secret"))
+    assert f"tenant.{topic}" in admin.list_topics(timeout=20).topics
 
 
 def test_sighup_reloads_the_users_file(proxy: tuple[KproxyProcess, Path]) -> None:
