@@ -6,13 +6,14 @@ never writes them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kproxy.config.settings import Config
 from kproxy.memory import MemoryBudget
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies.connection import Handlers
 from kproxy.policies.proxy_state import ProxyState
+from kproxy.policies.quotas import Quotas
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.upstream import UpstreamConnector
 from kproxy.session.events import SessionEvents
@@ -30,3 +31,4 @@ class SessionServices:
     events: SessionEvents
     backend: BackendWatch
     parking: ParkingLot
+    quotas: Quotas = field(default_factory=Quotas)  # shared by the process's sessions

@@ -27,6 +27,7 @@ from kproxy.config.options import (
 from kproxy.policies.auth.sasl import MECHANISMS, OAUTHBEARER
 from kproxy.policies.auth.upstream import UpstreamCredentials
 from kproxy.policies.auth.users import UsersError, UserStore, parse_users
+from kproxy.policies.quotas import QuotaEntry, QuotaError, parse_quotas
 
 MAX_TOKEN_FILE_BYTES = 4096
 MIN_ADMIN_TOKEN_CHARS = 16
@@ -112,6 +113,12 @@ IDENTITY_OPTIONS: tuple[Option, ...] = (
     Option("status_auth", parse_bool, False,
            "the status page, /status.json and /internal/* require the admin token too "
            "(/metrics, /healthz and /readyz stay open)", "on|off", restart=True),
+    Option("quota_window_samples", parse_positive_int, 11,
+           "[[quotas]]: a principal's rate is measured over this many samples (as Kafka's "
+           "quota.window.num); the longest throttle is samples x seconds", "N"),
+    Option("quota_window_seconds", parse_seconds, 1.0,
+           "[[quotas]]: the length of one sample (as Kafka's quota.window.size.seconds)",
+           "SECONDS"),
 )
 
 
@@ -145,6 +152,16 @@ def read_identity(v: dict[str, Any], http: HostPort, admin: bool) -> Identity:
     if v["status_auth"] and token is None:
         raise ConfigError("status_auth: needs admin_token_file")
     return Identity(users, token, login)
+
+
+def read_quotas(extra: dict[str, Any], path: str | None) -> tuple[QuotaEntry, ...]:
+    """The ``[[quotas]]`` tables; ``ConfigError`` names the first bad key."""
+    if "quotas" not in extra:
+        return ()
+    try:
+        return parse_quotas(extra["quotas"])
+    except QuotaError as exc:
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
 
 
 def _upstream_login(v: dict[str, Any]) -> UpstreamCredentials | None:

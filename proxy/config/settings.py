@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.config.filters import TOP_LEVEL_KEYS, FilterSettings, filter_settings
-from kproxy.config.identity import IDENTITY_OPTIONS, Identity, read_identity
+from kproxy.config.identity import IDENTITY_OPTIONS, Identity, read_identity, read_quotas
 from kproxy.config.options import (
     OPTIONS as RELAY_OPTIONS,
 )
@@ -32,6 +32,7 @@ from kproxy.config.options import (
 )
 from kproxy.config.virtual_clusters import VirtualClusterSettings, virtual_clusters
 from kproxy.policies.addressing import PortMap, SniNames
+from kproxy.policies.quotas import QuotaEntry
 from kproxy.policies.telemetry_subscriptions import (
     ALL_METRICS,
     PolicyError,
@@ -145,6 +146,9 @@ class Config:
     audit_log_backups: int = 5
     admin_token_file: str | None = None
     status_auth: bool = False
+    quota_window_samples: int = 11
+    quota_window_seconds: float = 1.0
+    quotas: tuple[QuotaEntry, ...] = ()  # the [[quotas]] tables
     identity: Identity = field(default_factory=Identity)  # the users and token, as read
     source: str | None = None  # the config file, when there was one
     extra: dict[str, Any] = field(default_factory=dict)  # tables other layers own
@@ -225,10 +229,10 @@ def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     values: dict[tuple[str, ...], Any] = {}
     tables: dict[str, Any] = {}
     for key, value in data.items():
-        if key in ("acls", "quotas"):  # refused rather than accepted and not enforced
-            raise ConfigError(f"{path}: {key}: not supported yet (authorization and quotas "
-                              "at the proxy are planned; the brokers' ACLs still decide)")
-        if key in TOP_LEVEL_KEYS:  # [[filters]], default_filters, [[virtual_clusters]]
+        if key == "acls":  # refused rather than accepted and not enforced
+            raise ConfigError(f"{path}: {key}: not supported yet (authorization at the "
+                              "proxy is planned; the brokers' ACLs still decide)")
+        if key in TOP_LEVEL_KEYS or key == "quotas":  # [[filters]], [[quotas]] and the like
             tables[key] = value
         elif isinstance(value, dict):
             tables[key] = value
@@ -292,7 +296,7 @@ def _derive(v: dict[str, Any], path: str | None, extra: dict[str, Any]) -> Confi
         "broker_bind_host": v["broker_bind_host"] or listen_host,
         "broker_bind_port_base": bind_base, "archive": v["archive"] or None,
         "telemetry": _telemetry_config(v, extra, path), "source": path, "extra": extra,
-        "filters": filter_settings(extra, path),
+        "filters": filter_settings(extra, path), "quotas": read_quotas(extra, path),
         "identity": read_identity(v, v["http"], v["admin"])})
     _check_security(cfg)
     try:

@@ -92,6 +92,13 @@ class ProxyMetrics:
             "kproxy_limit_hits", "Configured limits reached: connections refused, sessions "
             "closed by a timeout or an oversized frame, clients paused by max_inflight",
             ["limit"], registry=r)
+        # By kind only (produce, fetch, request): principals are not a bounded label.
+        self.quota_throttle_seconds = Counter(
+            "kproxy_quota_throttle_seconds", "Seconds clients were throttled by [[quotas]] "
+            "(their channel muted), by kind", ["kind"], registry=r)
+        self.quota_throttled = Counter(
+            "kproxy_quota_throttled", "Requests or responses that throttled a client "
+            "([[quotas]]), by kind", ["kind"], registry=r)
 
 
 class BudgetFigures(Protocol):

@@ -45,6 +45,7 @@ from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterC
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
+from kproxy.policies.quotas import Quotas
 from kproxy.runtime import lifecycle
 from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch
@@ -125,7 +126,8 @@ class Proxy:
         self.services = SessionServices(
             config, metrics, self.state, self.chain.handlers, self.budget,
             UpstreamConnector(self.state, self.rotation, config.connect_timeout, events),
-            events, self.backend, self.parking)
+            events, self.backend, self.parking,
+            Quotas(config.quotas, config.quota_window_samples, config.quota_window_seconds))
         self.sessions: set[Session] = set()  # open ones, parked ones included
         self.backend.sessions_of = lambda: [(s.conn, s.end_at_next_request)
                                             for s in self.sessions]
@@ -169,6 +171,8 @@ class Proxy:
         self.admission.config = new
         self.budget.limit = new.max_buffered_bytes
         self.parking.reconfigured()
+        self.services.quotas.reconfigure(new.quotas, new.quota_window_samples,
+                                         new.quota_window_seconds)
         # Filters apply to open connections too: their next frame goes through the new
         # chain (a response already awaited keeps its follow-up, held by the connection).
         self.chain = self._chain(new)

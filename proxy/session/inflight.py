@@ -26,6 +26,7 @@ class Slot:
     upstream: bool  # answered by the broker (else by the proxy itself)
     wire: Frame | bytes | None = None  # the response as it goes out, size prefix included
     upstream_version: int = -1  # when the proxy sent another version upstream (Metadata)
+    throttle_ms: int = 0  # quotas: the throttle_time_ms its response must carry
 
 
 # acks=0 Produce requests whose (unexpected) answer we would still recognise.

@@ -32,7 +32,7 @@ from kproxy.codecs.peek import peek_correlation_id, peek_request
 from kproxy.memory import Charge
 from kproxy.policies.connection import Answer, AnswerLater, Close, Forward, Refuse
 from kproxy.policies.rebootstrap import Action
-from kproxy.session import splice
+from kproxy.session import splice, throttle
 from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import Slot
@@ -78,6 +78,7 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
             metrics.api(peek.api_key).request(len(body) + 4)
             session.bytes_in += len(body) + 4
             decision = conn.request(peek, body)
+            throttle_ms = throttle.on_request(session, peek.api_key, len(body) + 4)
         except CodecError as exc:  # a broker closes the connection on such a request
             events.decode_error("request", "header", exc, conn)
             raise SessionClosed(str(exc)) from None
@@ -118,6 +119,7 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
             slot = session.ordered.expect_upstream(peek.correlation_id, peek.api_key,
                                                    peek.api_version, now)
             slot.upstream_version = upstream_version
+            slot.throttle_ms = throttle_ms
         else:
             session.ordered.expect_nothing(peek.correlation_id)
         if len(session.ordered) >= session.config.max_inflight:
@@ -158,6 +160,7 @@ async def splice_request(session: Session, reader: FrameReader, charge: Charge) 
     parts, rest = reader.take_partial()
     decision = conn.request(peek, head)  # notes the version and client id
     assert decision is None
+    throttle_ms = throttle.on_request(session, peek.api_key, total)
     session.frames_in += 1
     session.bytes_in += total
     session.services.metrics.api(peek.api_key).request(total)
@@ -183,6 +186,7 @@ async def splice_request(session: Session, reader: FrameReader, charge: Charge) 
         slot = session.ordered.expect_upstream(peek.correlation_id, peek.api_key,
                                                peek.api_version, now)
         slot.upstream_version = peek.api_version
+        slot.throttle_ms = throttle_ms
     else:
         session.ordered.expect_nothing(peek.correlation_id)
 
@@ -268,6 +272,7 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
         session.last_activity = trio.current_time()
     ordered = session.ordered
     conn = session.conn
+    quotas = session.services.quotas.enabled
     for frame in frames:
         slot = ordered.next_upstream(peek_correlation_id(frame.body))
         if slot is None:
@@ -277,8 +282,11 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
             # Relayed as received, the usual case: no coroutine for it.
             conn.observe(slot.api_key, slot.api_version, frame.body)
             slot.wire = frame
-            continue
-        slot.wire = await _process_response(session, slot, frame.body) or frame
+        else:
+            slot.wire = await _process_response(session, slot, frame.body) or frame
+        if quotas:
+            throttle.on_fetch_bytes(session, slot, len(frame) + 4)
+            slot.wire = throttle.response_wire(session, slot, slot.wire)
 
 
 async def _handle_pending(session: Session, upstream: Transport, reader: FrameReader,
@@ -297,6 +305,7 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
     slot = ordered.peek_upstream(peek_correlation_id(head[4:]))
     if (slot is not None and ordered.is_next(slot)
             and not session.conn.wants_response(slot.api_key, slot.api_version)):
+        throttle.on_fetch_bytes(session, slot, total)  # mutes; its field goes unchanged
         pipe = splice.PIPES.take() if ends is not None and total >= splice_from else None
         if pipe is not None:
             assert ends is not None

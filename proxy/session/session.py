@@ -38,7 +38,7 @@ from kproxy.context import SessionServices
 from kproxy.memory import Charge
 from kproxy.policies import timeouts
 from kproxy.policies.connection import ConnectionState
-from kproxy.session import parking, splice
+from kproxy.session import parking, splice, throttle
 from kproxy.session.client_writer import ClientWriter, send_all
 from kproxy.session.errors import PeerGone, SessionClosed
 from kproxy.session.guard import TaskGuard
@@ -54,8 +54,8 @@ class Session:
     # Slots: one of these per open connection, thousands when they idle.
     __slots__ = ("_client_io", "_closed", "_closing", "_draining", "_end_at_request", "_ended",
                  "_nursery", "_on_end", "_parking", "_recv_scope", "_upstream_io", "bytes_in",
-                 "client", "conn", "frames_in", "last_activity", "listener", "opened_at",
-                 "ordered", "parked", "services", "upstream", "writer")
+                 "client", "conn", "frames_in", "last_activity", "listener", "mute_scope",
+                 "mute_until", "opened_at", "ordered", "parked", "services", "upstream", "writer")
 
     def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
                  node_id: int | None, peer: tuple[str, int],
@@ -82,6 +82,9 @@ class Session:
         self._parking = False  # the request side parked: the tasks stop, the sockets stay
         self.parked = False  # held by the parking lot (kproxy.session.parking), no task running
         self._recv_scope: trio.CancelScope | None = None  # the wait for the client's bytes
+        # Quotas (kproxy.session.throttle): no request is read before this (trio time).
+        self.mute_until = 0.0
+        self.mute_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._ended = False
         self._closed: trio.Event | None = None  # made only when someone waits (a drain)
@@ -207,8 +210,9 @@ class Session:
     def stop_reading(self) -> None:
         """Drain: take no new requests; the session ends once in-flight ones are answered."""
         self._draining = True
-        if self._recv_scope is not None:
-            self._recv_scope.cancel()
+        for scope in (self._recv_scope, self.mute_scope):
+            if scope is not None:
+                scope.cancel()
         self._wake_if_parked()
 
     def end_at_next_request(self) -> None:
@@ -286,6 +290,7 @@ class Session:
                 and trio.current_time() - self.last_activity >= parking.PARK_AFTER_S
                 and not (self._draining or self._end_at_request or self._closing)
                 and not self.writer.lock.locked() and not self.writer.close_after_flush
+                and trio.current_time() >= self.mute_until  # a muted channel stays awake
                 and self._plain_tcp()
                 and len(nursery.child_tasks) == (self._upstream_io is not None))
 
@@ -310,6 +315,9 @@ class Session:
                     # Between frames: wait for room in the budget before taking more.
                     # Mid-frame, never: a partial frame is only freed by completing it.
                     await charge.wait_for_room()
+                # Throttled (quotas): not a byte read until the throttle passes, or a drain.
+                if self.mute_until and await throttle.wait_unmuted(self):
+                    break
                 n = client.fill_now(reader, RECV_BYTES)
                 if n is None:
                     if not len(self.ordered) and not reader.held():
@@ -340,6 +348,8 @@ class Session:
                 if self._end_at_request:
                     self._draining = True  # not forwarded: it fails when the connection closes
                     break
+                if self.mute_until:  # muted by a response (fetch) while this side waited
+                    await throttle.wait_unmuted(self)
                 await handle_requests(self, reader)
                 held = reader.held()
                 charge.settle(held)

@@ -95,7 +95,8 @@ def test_every_option_is_a_config_field_and_every_field_an_option() -> None:
     import dataclasses
 
     fields = {f.name for f in dataclasses.fields(config_mod.Config)}
-    own = fields - {"telemetry", "source", "extra", "filters", "virtual_clusters", "identity"}
+    own = fields - {"telemetry", "source", "extra", "filters", "virtual_clusters", "identity",
+                    "quotas"}
     options = {o.name for o in config_mod.OPTIONS}
     in_telemetry = {n for n in options if n == "telemetry" or (
         n.startswith("telemetry_") and not n.startswith("telemetry_otlp_"))}
