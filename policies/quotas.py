@@ -38,7 +38,7 @@ KINDS = (PRODUCE, FETCH, REQUEST)
 KEYS = {PRODUCE: "produce_bytes_per_second", FETCH: "fetch_bytes_per_second",
         REQUEST: "requests_per_second"}
 DEFAULT_PRINCIPAL = "*"
-ANONYMOUS = "User:ANONYMOUS"
+ANONYMOUS = "ANONYMOUS"  # a connection with no login (Kafka's User:ANONYMOUS)
 MAX_PRINCIPALS = 10_000
 
 
@@ -77,7 +77,7 @@ def parse_quotas(entries: Any) -> tuple[QuotaEntry, ...]:
         if not isinstance(principal, str) or not principal.strip():
             raise QuotaError(f"{at}.principal", "a principal (\"User:alice\") or \"*\" is "
                              "needed")
-        principal = principal.strip()
+        principal = _name(principal)
         if principal in seen:
             raise QuotaError(f"{at}.principal", f"{principal!r} has two entries")
         seen.add(principal)
@@ -100,6 +100,11 @@ def parse_quotas(entries: Any) -> tuple[QuotaEntry, ...]:
             raise QuotaError(at, f"sets no limit ({', '.join(KEYS.values())})")
         out.append(QuotaEntry(principal, tuple(limits)))
     return tuple(out)
+
+
+def _name(principal: str) -> str:
+    """Kafka writes ``User:alice``; the proxy's logins name ``alice``: both match."""
+    return principal.strip().removeprefix("User:")
 
 
 class Rate:
@@ -165,7 +170,7 @@ class Quotas:
 
     def entry_for(self, principal: str | None) -> QuotaEntry | None:
         """The principal's own entry, else the default one (``*``)."""
-        return self._exact.get(principal or ANONYMOUS, self._default)
+        return self._exact.get(_name(principal) if principal else ANONYMOUS, self._default)
 
     def quota(self, principal: str | None, kind: str) -> float | None:
         """This process's share of the principal's quota of ``kind``, per second."""
@@ -180,7 +185,7 @@ class Quotas:
         quota = self.quota(principal, kind)
         if quota is None:
             return 0.0
-        key = (principal or ANONYMOUS, kind)
+        key = (_name(principal) if principal else ANONYMOUS, kind)
         rate = self._rates.get(key)
         if rate is None:
             samples, sample_s = self._shape

@@ -34,6 +34,9 @@ def test_entries_parse_and_the_default_applies_to_others() -> None:
     assert q.quota(ALICE, PRODUCE) == 1000 and q.quota(ALICE, REQUEST) is None
     assert q.quota("User:bob", REQUEST) == 50 and q.quota("User:bob", FETCH) is None
     assert q.quota(None, REQUEST) == 50  # no principal: User:ANONYMOUS, under the default
+    assert q.quota("alice", PRODUCE) == 1000  # a login names "alice", Kafka "User:alice"
+    assert _quotas([{"principal": "User:ANONYMOUS", "requests_per_second": 3}]).quota(
+        None, REQUEST) == 3
     assert not Quotas().enabled and q.enabled
 
 
@@ -52,8 +55,8 @@ def test_bad_entries_name_the_key(entries: dict[str, Any], key: str) -> None:
 
 def test_a_principal_twice_is_refused() -> None:
     with pytest.raises(QuotaError, match=r"quotas\[1\]\.principal"):
-        parse_quotas([{"principal": "*", "requests_per_second": 1},
-                      {"principal": "*", "requests_per_second": 2}])
+        parse_quotas([{"principal": "alice", "requests_per_second": 1},
+                      {"principal": "User:alice", "requests_per_second": 2}])
 
 
 def test_rate_is_measured_over_at_least_samples_minus_one() -> None:
@@ -193,7 +196,7 @@ def test_config_reads_quotas_and_names_a_bad_key(tmp_path: Path) -> None:
     path.write_text('quota_window_samples = 5\n[[quotas]]\nprincipal = "User:alice"\n'
                     'produce_bytes_per_second = 204800\n')
     cfg = config_mod.load(config_mod_args("--config", str(path)), env={})
-    assert cfg.quotas[0].principal == ALICE and cfg.quota_window_samples == 5
+    assert cfg.quotas[0].principal == "alice" and cfg.quota_window_samples == 5
     path.write_text('[[quotas]]\nprincipal = "User:alice"\nproduce_bytes_per_second = -1\n')
     with pytest.raises(config_mod.ConfigError,
                        match=r"quotas\[0\]\.produce_bytes_per_second: must be a number"):
