@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from kproxy.config.settings import Config
 from kproxy.memory import MemoryBudget
 from kproxy.metrics.proxy_metrics import ProxyMetrics
+from kproxy.policies.auth.quotas import Quotas
 from kproxy.policies.connection import Handlers
 from kproxy.policies.proxy_state import ProxyState
-from kproxy.policies.quotas import Quotas
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.upstream import UpstreamConnector
 from kproxy.session.events import SessionEvents

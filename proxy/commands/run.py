@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.control_fd is not None:
         proxy.admission.control = AdmissionControl.from_fd(
             args.control_fd, args.control_workers, proxy.metrics)
-        # Each worker enforces its share of every quota (kproxy.policies.quotas).
+        # Each worker enforces its share of every quota (kproxy.policies.auth.quotas).
         proxy.services.quotas.share = max(1, args.control_workers)
     settle_heap()
     try:

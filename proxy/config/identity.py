@@ -24,10 +24,10 @@ from kproxy.config.options import (
     parse_seconds,
     parse_url,
 )
+from kproxy.policies.auth.quotas import QuotaEntry, QuotaError, parse_quotas
 from kproxy.policies.auth.sasl import MECHANISMS, OAUTHBEARER
 from kproxy.policies.auth.upstream import UpstreamCredentials
 from kproxy.policies.auth.users import UsersError, UserStore, parse_users
-from kproxy.policies.quotas import QuotaEntry, QuotaError, parse_quotas
 
 MAX_TOKEN_FILE_BYTES = 4096
 MIN_ADMIN_TOKEN_CHARS = 16

@@ -32,7 +32,7 @@ from kproxy.config.options import (
 )
 from kproxy.config.virtual_clusters import VirtualClusterSettings, virtual_clusters
 from kproxy.policies.addressing import PortMap, SniNames
-from kproxy.policies.quotas import QuotaEntry
+from kproxy.policies.auth.quotas import QuotaEntry
 from kproxy.policies.telemetry_subscriptions import (
     ALL_METRICS,
     PolicyError,

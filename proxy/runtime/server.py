@@ -41,11 +41,11 @@ from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
 from kproxy.policies.auth.cert import cert_principal
 from kproxy.policies.auth.handlers import make_gate, sasl_handlers
+from kproxy.policies.auth.quotas import Quotas
 from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterChain
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
-from kproxy.policies.quotas import Quotas
 from kproxy.runtime import lifecycle
 from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch

@@ -305,7 +305,7 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
     slot = ordered.peek_upstream(peek_correlation_id(head[4:]))
     if (slot is not None and ordered.is_next(slot)
             and not session.conn.wants_response(slot.api_key, slot.api_version)):
-        throttle.on_fetch_bytes(session, slot, total)  # mutes; its field goes unchanged
+        throttle.on_fetch_bytes(session, slot, total)  # its field is set in head_parts
         pipe = splice.PIPES.take() if ends is not None and total >= splice_from else None
         if pipe is not None:
             assert ends is not None
@@ -323,6 +323,7 @@ async def _splice_through(session: Session, upstream: SocketTransport, reader: F
     """Relay the pending frame to the client, its rest spliced socket to socket."""
     session.ordered.next_upstream(slot.correlation_id)
     parts, rest = reader.take_partial()
+    parts = throttle.head_parts(slot, parts)
     session.conn.observe_head(slot.api_key, slot.api_version, parts)
     try:
         await session.writer.splice(slot, parts, upstream, rest, charge, pipe)
@@ -343,6 +344,7 @@ async def _pass_through(session: Session, upstream: Transport, reader: FrameRead
     """Relay the pending frame to the client as its bytes arrive (cut-through)."""
     session.ordered.next_upstream(slot.correlation_id)
     parts, rest = reader.take_partial()
+    parts = throttle.head_parts(slot, parts)
     session.conn.observe_head(slot.api_key, slot.api_version, parts)
     try:
         await session.writer.relay(slot, parts, upstream, rest, charge, RECV_BYTES)

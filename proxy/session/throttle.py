@@ -1,6 +1,6 @@
 """Quotas applied to a session: count, mute the channel, tell the client (KIP-124).
 
-``kproxy.policies.quotas`` says how long a principal must wait; here that becomes a
+``kproxy.policies.auth.quotas`` says how long a principal must wait; here that becomes a
 muted channel, as on a broker: the session's request side reads nothing more from
 the client until the throttle has passed (a trio sleep in that session's task; other
 connections go on), and the response it throttled carries ``throttle_time_ms``.
@@ -8,8 +8,9 @@ No request is ever dropped.
 
 What counts: every request (request rate), a Produce request's size (its response
 is throttled; acks=0 has none, so only the mute applies) and a Fetch response's
-size (that response is throttled). A response passed through or spliced as it
-arrives (over ``LARGE_FRAME``) cannot have its field rewritten: it mutes only.
+size (that response is throttled). A Fetch response relayed as it arrives
+(spliced or cut through) has the field rewritten in its first bytes when they hold
+it; otherwise it mutes only.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import trio
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.framing import Frame
-from kproxy.policies.quotas import FETCH, PRODUCE, REQUEST, set_throttle
+from kproxy.policies.auth.quotas import FETCH, PRODUCE, REQUEST, set_throttle
 
 if TYPE_CHECKING:
     from kproxy.session.inflight import Slot
@@ -65,6 +66,19 @@ def response_wire(session: Session, slot: Slot, wire: Frame | bytes) -> Frame | 
     body = wire.body if isinstance(wire, Frame) else memoryview(wire)[4:]
     patched = set_throttle(slot.api_key, slot.api_version, body, slot.throttle_ms)
     return wire if patched is None else _SIZE.pack(len(patched)) + patched
+
+
+def head_parts(slot: Slot, parts: list[memoryview]) -> list[memoryview]:
+    """The first bytes of a Fetch response relayed as it arrives, ``throttle_time_ms``
+    set when the field is in them (it is the response's first field): one copy of the
+    first part, made only for a throttled response."""
+    if not slot.throttle_ms or slot.api_key != api_keys.FETCH or not parts:
+        return parts
+    head = parts[0]
+    patched = set_throttle(slot.api_key, slot.api_version, head[4:], slot.throttle_ms)
+    if patched is not None:
+        parts[0] = memoryview(bytes(head[:4]) + patched)
+    return parts
 
 
 async def wait_unmuted(session: Session) -> bool:

@@ -1,7 +1,8 @@
 """Quotas per principal at a running `kproxy run` (two workers, the default here) in front
 of a tansu broker: confluent-kafka logs in with PLAIN; alice has a produce quota and is
 throttled (the run takes at least what the quota allows, librdkafka's throttle_cb sees
-throttle_time_ms, nothing is lost), bob has none and is not slowed."""
+throttle_time_ms, nothing is lost), bob has none and is not slowed; carol has a fetch
+quota and reads back at its pace."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ from ..support import KproxyProcess, kproxy_process
 pytestmark = pytest.mark.broker
 QUOTA = 400 * 1024  # alice's produce bytes per second, over all workers
 SAMPLES, SAMPLE_S = 3, 1.0  # a short window, so that 2 MB is far over its first burst
-TOTAL = 2 * 1024 * 1024
 MESSAGE = 10 * 1024
+TOTAL = 200 * MESSAGE  # about 2 MB
 USERS = """
 [users.alice]
 password = "alice-secret"
 [users.bob]
 password = "bob-secret"
+[users.carol]
+password = "carol-secret"
 """
 
 
@@ -46,9 +49,25 @@ users_file = "{tmp / 'users.toml'}"
 [[quotas]]
 principal = "User:alice"
 produce_bytes_per_second = {QUOTA}
+[[quotas]]
+principal = "carol"
+fetch_bytes_per_second = {QUOTA}
 """)
     with kproxy_process(shared_tansu.bootstrap, tmp, "--config", str(tmp / "kproxy.toml")) as kp:
         yield kp
+
+
+def _sasl(kp: KproxyProcess, user: str) -> dict[str, Any]:
+    return {"bootstrap.servers": kp.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": f"{user}-secret"}
+
+
+def _floor() -> float:
+    """The least time TOTAL bytes can take under QUOTA: at most the quota over the
+    window, plus the first burst a fresh window allows (Kafka's rate floor of
+    samples - 1). Any machine meets it, as each worker enforces half of it (stricter
+    still on one connection)."""
+    return (TOTAL - QUOTA * (SAMPLES - 1) * SAMPLE_S) / QUOTA
 
 
 def _produce(kp: KproxyProcess, user: str, topic: str) -> tuple[float, list[Any], list[int]]:
@@ -58,9 +77,8 @@ def _produce(kp: KproxyProcess, user: str, topic: str) -> tuple[float, list[Any]
 
     throttles: list[int] = []
     producer = Producer({
-        "bootstrap.servers": kp.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": f"{user}-secret",
-        "acks": "all", "linger.ms": 5, "batch.size": 64 * 1024,  # many requests, not two
+        **_sasl(kp, user), "acks": "all", "linger.ms": 5,
+        "batch.size": 64 * 1024,  # many requests, not two
         "throttle_cb": lambda ev: throttles.append(int(ev.throttle_time * 1000))})
     producer.list_topics(topic, timeout=20)  # logged in and the topic made: not timed
     delivered: list[Any] = []
@@ -84,11 +102,7 @@ def _produce(kp: KproxyProcess, user: str, topic: str) -> tuple[float, list[Any]
 def test_produce_quota_throttles_its_principal_only(proxy: KproxyProcess) -> None:
     throttled, delivered, throttles = _produce(proxy, "alice", f"q-{uuid.uuid4().hex[:8]}")
     assert delivered == [None] * (TOTAL // MESSAGE)  # throttled, never dropped
-    # The proxy lets through at most the quota over the window, plus the first burst a
-    # fresh window allows (Kafka's rate floor of samples - 1): a bound any machine
-    # meets, as each worker enforces half of it (stricter still on one connection).
-    floor = (TOTAL - QUOTA * (SAMPLES - 1) * SAMPLE_S) / QUOTA
-    assert throttled >= 0.9 * floor, (throttled, floor)
+    assert throttled >= 0.9 * _floor(), (throttled, _floor())
     assert throttles and max(throttles) > 0  # throttle_time_ms reached the client
     _, metrics = proxy.http_get("/metrics")
     count = re.search(r'^kproxy_quota_throttled_total\{kind="produce"\} (\S+)$', metrics, re.M)
@@ -98,6 +112,38 @@ def test_produce_quota_throttles_its_principal_only(proxy: KproxyProcess) -> Non
     assert delivered == [None] * (TOTAL // MESSAGE)
     assert not throttles
     assert free < throttled / 2, (free, throttled)
+
+
+def test_fetch_quota_throttles_the_consumer(proxy: KproxyProcess) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = f"qf-{uuid.uuid4().hex[:8]}"
+    _, delivered, _ = _produce(proxy, "bob", topic)  # bob has no quota: written at once
+    assert delivered == [None] * (TOTAL // MESSAGE)
+    expected = TOTAL
+    throttles: list[int] = []
+    consumer = Consumer({
+        **_sasl(proxy, "carol"), "group.id": f"g-{topic}",
+        "enable.auto.commit": False, "fetch.max.bytes": 64 * 1024,
+        "message.max.bytes": 32 * 1024,
+        "max.partition.fetch.bytes": 64 * 1024,  # many responses, not two
+        "throttle_cb": lambda ev: throttles.append(int(ev.throttle_time * 1000))})
+    try:
+        partitions = consumer.list_topics(topic, timeout=20).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        began = time.monotonic()
+        read = 0
+        deadline = began + 60
+        while read < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                read += len(msg.value())
+        elapsed = time.monotonic() - began
+    finally:
+        consumer.close()
+    assert read == expected
+    assert elapsed >= 0.9 * _floor(), (elapsed, _floor())
+    assert throttles and max(throttles) > 0
 
 
 def test_bad_quota_entry_stops_start_up(tmp_path: Path) -> None:

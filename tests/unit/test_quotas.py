@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kproxy.config import settings as config_mod
-from kproxy.policies.quotas import (
+from kproxy.policies.auth.quotas import (
     FETCH,
     PRODUCE,
     REQUEST,
@@ -209,3 +209,21 @@ def config_mod_args(*argv: str) -> Any:
     parser = argparse.ArgumentParser()
     config_mod.add_arguments(parser)
     return parser.parse_args(list(argv))
+
+
+def test_a_fetch_relayed_as_it_arrives_gets_the_field_in_its_head() -> None:
+    """Splice and cut-through hand the writer the first bytes held, then the rest: the
+    field (first in a Fetch response) is set in those first bytes."""
+    import struct
+
+    from kproxy.session.inflight import Slot
+    from kproxy.session.throttle import head_parts
+
+    body = struct.pack(">i", 9) + b"\x00" + struct.pack(">ihi", 0, 0, 0) + b"\x01\x00"
+    wire = struct.pack(">i", len(body) + 1000) + body  # 1000 bytes still to come
+    slot = Slot(9, 1, 12, 0.0, upstream=True, throttle_ms=250)
+    [head] = head_parts(slot, [memoryview(wire)])
+    assert bytes(head[:4]) == wire[:4] and len(head) == len(wire)
+    assert struct.unpack_from(">i", head, 4 + 4 + 1)[0] == 250
+    slot.throttle_ms = 0
+    assert head_parts(slot, [memoryview(wire)])[0] == memoryview(wire)
