@@ -6,10 +6,12 @@ quota and reads back at its pace."""
 
 from __future__ import annotations
 
+import json
 import re
+import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,15 @@ def proxy(shared_tansu: TansuBroker,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[KproxyProcess]:
     tmp = tmp_path_factory.mktemp("quotas")
     (tmp / "users.toml").write_text(USERS)
-    (tmp / "kproxy.toml").write_text(f"""
+    (tmp / "kproxy.toml").write_text(_config(tmp))
+    with kproxy_process(shared_tansu.bootstrap, tmp, "--config", str(tmp / "kproxy.toml")) as kp:
+        kp.tmp = tmp  # type: ignore[attr-defined]
+        yield kp
+
+
+def _config(tmp: Path, more: str = "") -> str:
+    return f"""
+audit_log = "{tmp / 'audit.log'}"
 quota_window_samples = {SAMPLES}
 quota_window_seconds = {SAMPLE_S}
 [sasl]
@@ -52,9 +62,7 @@ produce_bytes_per_second = {QUOTA}
 [[quotas]]
 principal = "carol"
 fetch_bytes_per_second = {QUOTA}
-""")
-    with kproxy_process(shared_tansu.bootstrap, tmp, "--config", str(tmp / "kproxy.toml")) as kp:
-        yield kp
+{more}"""
 
 
 def _sasl(kp: KproxyProcess, user: str) -> dict[str, Any]:
@@ -70,9 +78,10 @@ def _floor() -> float:
     return (TOTAL - QUOTA * (SAMPLES - 1) * SAMPLE_S) / QUOTA
 
 
-def _produce(kp: KproxyProcess, user: str, topic: str) -> tuple[float, list[Any], list[int]]:
-    """Produce TOTAL bytes as ``user``: the seconds it took, the delivery errors (None
-    for each message delivered) and the throttle times librdkafka reported (ms)."""
+def _produce(kp: KproxyProcess, user: str, topic: str,
+             total: int = TOTAL) -> tuple[float, list[Any], list[int]]:
+    """Produce ``total`` bytes as ``user``: the seconds it took, the delivery errors
+    (None for each message delivered) and the throttle times librdkafka reported (ms)."""
     from confluent_kafka import Producer
 
     throttles: list[int] = []
@@ -84,7 +93,7 @@ def _produce(kp: KproxyProcess, user: str, topic: str) -> tuple[float, list[Any]
     delivered: list[Any] = []
     payload = b"x" * MESSAGE
     began = time.monotonic()
-    for _ in range(TOTAL // MESSAGE):
+    for _ in range(total // MESSAGE):
         while True:
             try:
                 producer.produce(topic, payload, on_delivery=lambda e, m: delivered.append(e))
@@ -144,6 +153,37 @@ def test_fetch_quota_throttles_the_consumer(proxy: KproxyProcess) -> None:
     assert read == expected
     assert elapsed >= 0.9 * _floor(), (elapsed, _floor())
     assert throttles and max(throttles) > 0
+
+
+def _reloads(tmp: Path, outcome: str) -> int:
+    path = tmp / "audit.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum(1 for line in lines if json.loads(line).get("event") == "config_reload"
+               and json.loads(line)["outcome"] == outcome)
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_reload_rejects_a_bad_entry_and_applies_a_good_one(proxy: KproxyProcess) -> None:
+    """Runs last: it leaves bob with a quota."""
+    tmp: Path = proxy.tmp  # type: ignore[attr-defined]
+    path = tmp / "kproxy.toml"
+    path.write_text(_config(tmp, '[[quotas]]\nprincipal = "bob"\nrequests_per_second = -3\n'))
+    proxy.process.send_signal(signal.SIGHUP)
+    _wait(lambda: _reloads(tmp, "rejected") >= 2)  # both workers keep the running config
+    _, _, throttles = _produce(proxy, "bob", f"q-{uuid.uuid4().hex[:8]}", TOTAL // 2)
+    assert not throttles
+    path.write_text(_config(tmp, f'[[quotas]]\nprincipal = "bob"\n'
+                                 f'produce_bytes_per_second = {QUOTA}\n'))
+    proxy.process.send_signal(signal.SIGHUP)
+    _wait(lambda: _reloads(tmp, "applied") >= 2)
+    _, delivered, throttles = _produce(proxy, "bob", f"q-{uuid.uuid4().hex[:8]}", TOTAL // 2)
+    assert delivered == [None] * (TOTAL // 2 // MESSAGE) and throttles and max(throttles) > 0
 
 
 def test_bad_quota_entry_stops_start_up(tmp_path: Path) -> None:
