@@ -72,6 +72,10 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
     metrics = session.services.metrics
     began = time.monotonic()
     for frame in frames:
+        if session.mute_until and session.mute_until > trio.current_time():
+            # Throttled (quotas): a muted channel takes no next request, even one
+            # already received; what was taken before goes on meanwhile.
+            out = await _muted(session, out, answered_locally)
         body = frame.body
         try:
             peek = peek_request(body)
@@ -132,6 +136,17 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
         await session.send_upstream(out)
     if answered_locally:
         await session.writer.flush()
+
+
+async def _muted(session: Session, out: list[Frame | bytes],
+                 answered_locally: bool) -> list[Frame | bytes]:
+    """Send what was taken, then wait out the throttle; the next batch to send."""
+    if out:
+        await session.send_upstream(out)
+    if answered_locally:
+        await session.writer.flush()
+    await throttle.wait_unmuted(session)
+    return []
 
 
 async def splice_request(session: Session, reader: FrameReader, charge: Charge) -> None:

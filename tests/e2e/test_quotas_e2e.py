@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,15 +19,18 @@ from typing import Any
 
 import pytest
 
+from kproxy.codecs import api_keys
+from kproxy.codecs.framing import FrameReader
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, kproxy_process
+from ..support import KproxyProcess, encode_request, kproxy_process
 
 pytestmark = pytest.mark.broker
 QUOTA = 400 * 1024  # alice's produce bytes per second, over all workers
 SAMPLES, SAMPLE_S = 3, 1.0  # a short window, so that 2 MB is far over its first burst
 MESSAGE = 10 * 1024
 TOTAL = 200 * MESSAGE  # about 2 MB
+ANON_RATE = 20  # requests per second before a login, over all workers
 USERS = """
 [users.alice]
 password = "alice-secret"
@@ -62,6 +67,9 @@ produce_bytes_per_second = {QUOTA}
 [[quotas]]
 principal = "carol"
 fetch_bytes_per_second = {QUOTA}
+[[quotas]]
+principal = "User:ANONYMOUS"  # no login yet: ApiVersions, SaslHandshake, SaslAuthenticate
+requests_per_second = {ANON_RATE}
 {more}"""
 
 
@@ -153,6 +161,34 @@ def test_fetch_quota_throttles_the_consumer(proxy: KproxyProcess) -> None:
     assert read == expected
     assert elapsed >= 0.9 * _floor(), (elapsed, _floor())
     assert throttles and max(throttles) > 0
+
+
+def test_request_rate_mutes_the_channel_and_answers_everything(
+        proxy: KproxyProcess) -> None:
+    """60 ApiVersions sent at once by a client with no login: the first ones pass, then
+    the proxy stops reading it (well past the parking lot's idle delay, which must not
+    take the muted session) and answers every request, in order, at the quota's pace."""
+    count = 60
+    with socket.create_connection(("127.0.0.1", proxy.bootstrap_port), timeout=30) as sock:
+        began = time.monotonic()
+        sock.sendall(b"".join(encode_request(api_keys.API_VERSIONS, 0, cid, {})
+                              for cid in range(count)))
+        reader = FrameReader()
+        seen: list[int] = []
+        while len(seen) < count:
+            data = sock.recv(65536)
+            assert data, f"closed after {len(seen)} answers"
+            reader.feed(data)
+            while (frame := reader.next_frame()) is not None:
+                seen.append(struct.unpack_from(">i", frame)[0])
+        elapsed = time.monotonic() - began
+    assert seen == list(range(count))
+    floor = (count - ANON_RATE * (SAMPLES - 1) * SAMPLE_S) / ANON_RATE
+    assert elapsed >= 0.9 * floor, (elapsed, floor)
+    _, metrics = proxy.http_get("/metrics")
+    throttled = re.search(r'^kproxy_quota_throttled_total\{kind="request"\} (\S+)$', metrics,
+                          re.M)
+    assert throttled is not None and float(throttled.group(1)) > 0
 
 
 def _reloads(tmp: Path, outcome: str) -> int:
