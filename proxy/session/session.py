@@ -348,8 +348,6 @@ class Session:
                 if self._end_at_request:
                     self._draining = True  # not forwarded: it fails when the connection closes
                     break
-                if self.mute_until:  # muted by a response (fetch) while this side waited
-                    await throttle.wait_unmuted(self)
                 await handle_requests(self, reader)
                 held = reader.held()
                 charge.settle(held)
