@@ -151,6 +151,7 @@ class Quotas:
         self._rates: OrderedDict[tuple[str, str], Rate] = OrderedDict()
         self.max_principals = max_principals
         self.share = max(1, share)
+        self._shape = (samples, sample_s)
         self.reconfigure(entries, samples, sample_s)
 
     def reconfigure(self, entries: Sequence[QuotaEntry], samples: int,
@@ -159,7 +160,7 @@ class Quotas:
         changed shape."""
         self._exact = {e.principal: e for e in entries if e.principal != DEFAULT_PRINCIPAL}
         self._default = next((e for e in entries if e.principal == DEFAULT_PRINCIPAL), None)
-        if (samples, sample_s) != getattr(self, "_shape", None):
+        if (samples, sample_s) != self._shape:
             self._rates.clear()
         self._shape = (samples, sample_s)
         self.max_throttle_s = samples * sample_s
