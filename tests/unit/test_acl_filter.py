@@ -12,6 +12,7 @@ from kproxy.codecs.interpreter import decode_from, encode_into
 from kproxy.codecs.messages import decode_response, encode_response_parts
 from kproxy.codecs.peek import peek_request
 from kproxy.codecs.primitives import Reader, Writer
+from kproxy.codecs.schemas import txn_responses as tx
 from kproxy.config.filters import acl_filter
 from kproxy.policies.addressing import PortMap
 from kproxy.policies.auth.acl import parse_acls
@@ -321,3 +322,15 @@ def test_denials_are_rate_bounded() -> None:
     now[0] = 2.0
     rep({"event": "acl_denied"})
     assert lines[-1]["suppressed"] == 7
+
+
+@pytest.mark.parametrize("spec", [tx.INIT_PRODUCER_ID_RESPONSE, tx.ADD_OFFSETS_TO_TXN_RESPONSE,
+                                  tx.END_TXN_RESPONSE], ids=lambda s: s.name)
+def test_answer_only_schemas_round_trip(spec: Any) -> None:
+    from kproxy.codecs import interpreter
+    for version in range(spec.valid.lo, spec.valid.hi + 1):
+        msg = {"throttle_time_ms": 5, "error_code": 53}
+        if spec is tx.INIT_PRODUCER_ID_RESPONSE:
+            msg |= {"producer_id": -1, "producer_epoch": -1}
+        wire = interpreter.encode(spec, version, msg)
+        assert interpreter.decode(spec, version, wire) == msg
