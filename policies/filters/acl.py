@@ -169,8 +169,9 @@ class AclFilter(Filter):
             return None
         assert api.whole is not None
         error = min(denied, key=_rank).error
+        bad = frozenset(n.name for n in denied if n.resource == "topic")
         return Answer(answer(api.response, version, peek.correlation_id,
-                             api.whole(msg, version, error)))
+                             api.whole(msg, version, error, bad)))
 
     def _produce(self, conn: ConnectionState, peek: RequestPeek,
                  body: memoryview) -> RequestDecision:

@@ -52,7 +52,10 @@ class Need:
 
 
 Needs = Callable[[Msg, int], list[Need]]
-Whole = Callable[[Msg, int, int], Msg]  # request, version, error -> response body
+# request, version, error, the denied topics -> response body
+Whole = Callable[[Msg, int, int, frozenset[str]], Msg]
+NONE: frozenset[str] = frozenset()
+NOT_ATTEMPTED = 55  # OPERATION_NOT_ATTEMPTED
 
 
 @dataclass(frozen=True)
@@ -95,20 +98,20 @@ def _fetch_needs(m: Msg, v: int) -> list[Need]:
     return topics("read", "topics", "topic")(m)
 
 
-def _fetch_whole(m: Msg, v: int, err: int) -> Msg:
+def _fetch_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     return {"error_code": 0, "session_id": 0, "responses": [
         {"topic": e["t"], "partitions": e["p"]} for e in
         _parts(m, "topics", "topic", "partitions", "partition", "partition_index", err,
                {"high_watermark": -1, "records": None})]}
 
 
-def _list_offsets_whole(m: Msg, v: int, err: int) -> Msg:
+def _list_offsets_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     return {"topics": [{"name": e["t"], "partitions": e["p"]} for e in
                        _parts(m, "topics", "name", "partitions", "partition_index",
                               "partition_index", err)]}
 
 
-def _epoch_whole(m: Msg, v: int, err: int) -> Msg:
+def _epoch_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     return {"topics": [{"topic": e["t"], "partitions": e["p"]} for e in
                        _parts(m, "topics", "topic", "partitions", "partition",
                               "partition", err)]}
@@ -118,7 +121,7 @@ def _commit_needs(m: Msg, v: int) -> list[Need]:
     return [Need("read", "group", m["group_id"]), *topics("read")(m)]
 
 
-def _commit_whole(m: Msg, v: int, err: int) -> Msg:
+def _commit_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     return {"topics": [{"name": e["t"], "partitions": e["p"]} for e in
                        _parts(m, "topics", "name", "partitions", "partition_index",
                               "partition_index", err)]}
@@ -130,7 +133,7 @@ def _offset_fetch_needs(m: Msg, v: int) -> list[Need]:
     return [Need("describe", "group", m["group_id"])]
 
 
-def _offset_fetch_whole(m: Msg, v: int, err: int) -> Msg:
+def _offset_fetch_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     if v >= 8:
         return {"groups": [{"group_id": g["group_id"], "topics": [], "error_code": err}
                            for g in m.get("groups") or []]}
@@ -145,11 +148,11 @@ def _group(op: str) -> Needs:
     return lambda m, v: [Need(op, "group", m["group_id"])]
 
 
-def _error_only(m: Msg, v: int, err: int) -> Msg:
+def _error_only(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     return {"error_code": err}
 
 
-def _join_whole(m: Msg, v: int, err: int) -> Msg:
+def _join_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     return {"error_code": err, "generation_id": -1, "protocol_name": None if v >= 7 else "",
             "member_id": m.get("member_id", "")}
 
@@ -160,7 +163,7 @@ def _coordinator_needs(m: Msg, v: int) -> list[Need]:
     return [Need("describe", kind, k) for k in keys]
 
 
-def _coordinator_whole(m: Msg, v: int, err: int) -> Msg:
+def _coordinator_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     if v >= 4:
         return {"coordinators": [{"key": k, "node_id": -1, "host": "", "port": -1,
                                   "error_code": err, "error_message": None}
@@ -175,7 +178,7 @@ def _init_pid_needs(m: Msg, v: int) -> list[Need]:
     return [Need("idempotent_write", "cluster", CLUSTER)]
 
 
-def _init_pid_whole(m: Msg, v: int, err: int) -> Msg:
+def _init_pid_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
     return {"error_code": err, "producer_id": -1, "producer_epoch": -1}
 
 
@@ -183,10 +186,14 @@ def _add_parts_needs(m: Msg, v: int) -> list[Need]:
     return [Need("write", "transactional_id", m["transactional_id"]), *topics("write")(m)]
 
 
-def _add_parts_whole(m: Msg, v: int, err: int) -> Msg:
+def _add_parts_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
+    """Kafka's shape: denied topics' partitions get 29, the others were not attempted."""
+    def code(name: str) -> int:
+        return err if err != TOPIC_DENIED or name in bad else NOT_ATTEMPTED
+
     return {"results": [
         {"name": t["name"], "results_by_partition": [
-            {"partition_index": i, "partition_error_code": err}
+            {"partition_index": i, "partition_error_code": code(t["name"])}
             for i in t.get("partitions") or []]} for t in m.get("topics") or []]}
 
 

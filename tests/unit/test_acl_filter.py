@@ -264,11 +264,12 @@ def test_transactional_apis_get_53(key: int, version: int, body: dict[str, Any],
 def test_add_partitions_and_txn_offset_commit() -> None:
     flt, conn, _ = _setup()
     add = {"transactional_id": "tx-1", "producer_id": 1, "producer_epoch": 0,
-           "topics": [{"name": "payments", "partitions": [0, 1]}]}
+           "topics": [{"name": "payments", "partitions": [0, 1]},
+                      {"name": "orders", "partitions": [0]}]}
     decision = _call(flt, conn, _frame(24, 2, add))
     out = _resp(24, 2, decision.body)
-    assert [p["partition_error_code"] for p in out["results"][0]["results_by_partition"]] \
-        == [29, 29]
+    assert [[p["partition_error_code"] for p in t["results_by_partition"]]
+            for t in out["results"]] == [[29, 29], [55]]  # OPERATION_NOT_ATTEMPTED
     commit = {"transactional_id": "nope", "group_id": "app-1", "producer_id": 1,
               "producer_epoch": 0, "topics": [{"name": "orders", "partitions": [
                   {"partition_index": 0, "committed_offset": 1}]}]}
