@@ -44,6 +44,12 @@ resource = "group"
 pattern = "app-*"
 permission = "allow"
 [[acls]]
+principal = "User:alice"
+operations = ["WRITE"]
+resource = "transactional_id"
+pattern = "tx-{RUN}-*"
+permission = "allow"
+[[acls]]
 principal = "User:bob"
 operations = ["READ"]
 resource = "topic"
@@ -172,6 +178,20 @@ def test_create_and_delete_topics(proxy: tuple[KproxyProcess, Path]) -> None:
         bob.delete_topics([ok])[ok].result(15)
     assert caught.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     admin.delete_topics([ok])[ok].result(15)
+
+
+def test_transactional_id_allowed_and_denied(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    kp, _ = proxy
+    denied = Producer(_ck(kp, "alice", **{"transactional.id": f"other-{RUN}"}))
+    with pytest.raises(KafkaException) as caught:
+        denied.init_transactions(15)
+    assert caught.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    producer = Producer(_ck(kp, "alice", **{"transactional.id": f"tx-{RUN}-1"}))
+    producer.init_transactions(15)
+    producer.begin_transaction()
+    producer.produce(f"ok-{RUN}-txn", b"in a transaction")
+    producer.commit_transaction(15)
 
 
 def test_sighup_applies_new_acls_and_keeps_them_on_a_bad_entry(
