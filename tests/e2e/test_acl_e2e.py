@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,6 +119,15 @@ def test_produce_allowed_and_denied(proxy: tuple[KproxyProcess, Path]) -> None:
     _wait(lambda: any(r.get("event") == "acl_denied" and r["principal"] == "User:alice"
                       and r["api"] in ("Produce", "Metadata")
                       and r["name"] == f"no-{RUN}-produce" for r in _audit(tmp)))
+
+    def denied_count() -> float:
+        url = f"http://127.0.0.1:{kp.http_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("kproxy_filter_decisions_total{")
+                   and 'filter="acl"' in line and 'decision="denied"' in line)
+
+    assert _wait(lambda: denied_count() >= 1)
 
 
 def test_consume_needs_topic_and_group(proxy: tuple[KproxyProcess, Path]) -> None:
