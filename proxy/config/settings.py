@@ -225,10 +225,10 @@ def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     values: dict[tuple[str, ...], Any] = {}
     tables: dict[str, Any] = {}
     for key, value in data.items():
-        if key in ("acls", "quotas"):  # refused rather than accepted and not enforced
-            raise ConfigError(f"{path}: {key}: not supported yet (authorization and quotas "
-                              "at the proxy are planned; the brokers' ACLs still decide)")
-        if key in TOP_LEVEL_KEYS:  # [[filters]], default_filters, [[virtual_clusters]]
+        if key == "quotas":  # refused rather than accepted and not enforced
+            raise ConfigError(f"{path}: {key}: not supported yet (quotas at the proxy are "
+                              "planned)")
+        if key in TOP_LEVEL_KEYS:  # [[filters]], default_filters, [[virtual_clusters]], [[acls]]
             tables[key] = value
         elif isinstance(value, dict):
             tables[key] = value
