@@ -137,13 +137,18 @@ fleet-report: $(DEV)
 	@echo "open run/fleet-report/report.html"
 
 # The fleet job at scale (not part of make test): 1,000,000 and 10,000,000 data points
-# (10,000 and 100,000 instances) in local[*], a re-run, and a standalone cluster of one
-# worker and of two (same cores in total, then twice the cores). Prints the table;
-# BENCH_PIPELINE_WRITE=docs/benchmarks-pipeline.md writes it there too.
+# (10,000 and 100,000 instances) in local[*], a re-run, and on 1M points a standalone
+# cluster of one 1-core worker, two 1-core workers (twice the cores) and one 2-core
+# worker (the same cores as two), alternating, BENCH_PIPELINE_ROUNDS times each.
+# BENCH_PIPELINE_ONLY=local or =cluster runs one part. Prints the tables;
+# BENCH_PIPELINE_WRITE=docs/benchmarks-pipeline.md splices them into that file too.
 BENCH_ARCHIVE ?= /tmp/kproxy-bench-pipeline
 BENCH_PIPELINE_WRITE ?=
+BENCH_PIPELINE_ONLY ?=
+BENCH_PIPELINE_ROUNDS ?= 2
 bench-pipeline: $(DEV)
 	$(BIN)/python tests/bench/pipeline_bench.py --base $(BENCH_ARCHIVE) \
+	  --rounds $(BENCH_PIPELINE_ROUNDS) $(if $(BENCH_PIPELINE_ONLY),--only $(BENCH_PIPELINE_ONLY)) \
 	  $(if $(BENCH_PIPELINE_WRITE),--write $(BENCH_PIPELINE_WRITE))
 
 # Side by side: direct, kproxy, tansu proxy, haproxy (TCP). Writes docs/benchmarks.md,

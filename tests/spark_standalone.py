@@ -2,9 +2,15 @@
 some workers, each its own JVM started with ``spark-class`` (what ``sbin/start-*.sh``
 run), for the cluster test and ``make bench-pipeline``.
 
+Each worker offers ``cores`` cores and ``memory`` (``--cores``/``--memory``, and
+``SPARK_WORKER_CORES``/``SPARK_WORKER_MEMORY`` in its environment, which say the same),
+so a cluster of two 1-core workers and one of a 2-core worker can be compared on one
+machine. An application takes every core a worker offers unless told otherwise
+(``spark.executor.cores``, ``spark.cores.max``).
+
 Readiness is read, not waited for: the master's log names its URLs, and its JSON page
-counts the workers that registered. Every wait is bounded; ``stop`` ends exactly the
-processes started here.
+lists the workers that registered, with their cores and memory. Every wait is bounded;
+``stop`` ends exactly the processes started here.
 """
 
 from __future__ import annotations
@@ -52,12 +58,13 @@ class Standalone:
         self.url = ""
         self.ui = ""
 
-    def _start(self, name: str, args: list[str]) -> Path:
+    def _start(self, name: str, args: list[str], **env: str) -> Path:
         log = self.workdir / f"{name}.log"
         with open(log, "wb") as out:
             self.procs.append(subprocess.Popen(
                 [str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
-                stderr=subprocess.STDOUT, env=spark_env(self.workdir), cwd=self.workdir))
+                stderr=subprocess.STDOUT, env=dict(spark_env(self.workdir), **env),
+                cwd=self.workdir))
         return log
 
     def _wait(self, what: str, check: object) -> str:
@@ -92,16 +99,31 @@ class Standalone:
                 "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                 "--port", str(_free_port()), "--webui-port", str(_free_port()),
                 "--cores", str(self.cores), "--memory", self.memory,
-                "--work-dir", str(work), self.url])
-        self._wait(f"{self.workers} alive workers", lambda: self.alive() == self.workers)
+                "--work-dir", str(work), self.url],
+                SPARK_WORKER_CORES=str(self.cores), SPARK_WORKER_MEMORY=self.memory)
+        want = [self.cores] * self.workers
+        self._wait(f"{self.workers} alive workers of {self.cores} cores each",
+                   lambda: sorted(cores for cores, _ in self.registered()) == want)
         return self
 
-    def alive(self) -> int:
+    def status(self) -> dict[str, object]:
+        """The master's JSON page (``/json/``); empty while it does not answer."""
         try:
             with urllib.request.urlopen(f"{self.ui}/json/", timeout=5) as resp:
-                return int(json.load(resp).get("aliveworkers", 0))
+                data = json.load(resp)
+                return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
-            return 0
+            return {}
+
+    def registered(self) -> list[tuple[int, int]]:
+        """(cores, memory in MiB) of each alive worker, as the master lists them."""
+        workers = self.status().get("workers")
+        return [(int(w["cores"]), int(w["memory"])) for w in
+                (workers if isinstance(workers, list) else [])
+                if isinstance(w, dict) and w.get("state") == "ALIVE"]
+
+    def alive(self) -> int:
+        return len(self.registered())
 
     def stop(self) -> None:
         """Workers first, then the master: SIGTERM, then SIGKILL after 20 s."""

@@ -1,7 +1,6 @@
 """ACL decisions for principals logged in at the proxy: the rules and the verdict.
 
-The first step of authorization at the proxy: this module decides, no filter enforces
-it yet (the ``[[acls]]`` tables are still refused at start-up as unknown). Each rule has
+This module decides; ``policies.filters.acl`` enforces it on every API. Each rule has
 ``principal`` (a glob over the principal the login named), ``operations``, ``resource``
 (topic, group, transactional_id or cluster), ``pattern`` (a glob over the resource's
 name; ``kafka-cluster`` for the cluster) and ``permission`` (allow or deny).

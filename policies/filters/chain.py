@@ -39,7 +39,7 @@ from kproxy.policies.connection import (
 )
 from kproxy.policies.filters.api import Filter
 
-DECISIONS = ("forward", "changed", "answer", "close", "error")
+DECISIONS = ("forward", "changed", "answer", "close", "error", "denied")
 
 
 class DecisionCounts:

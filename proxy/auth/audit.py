@@ -126,3 +126,35 @@ class AuditLog:
 
 def open_audit(path: str | None, max_bytes: int, backups: int, process: str) -> AuditLog | None:
     return AuditLog(path, max_bytes, backups, process) if path else None
+
+
+class DenialReporter:
+    """Denied operations to the audit log, at most ``rate`` lines a second (burst
+    ``burst``): a client retrying a denied request in a loop must not fill the log
+    faster than rotation drops it. Lines held back are counted and the next line
+    written says how many (``suppressed``). Every denial is counted in ``count``."""
+
+    def __init__(self, record: Any, count: Any, rate: float = 20.0, burst: float = 100.0,
+                 clock: Any = time.monotonic) -> None:
+        self.record = record
+        self.count = count
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self.tokens = burst
+        self.at = clock()
+        self.suppressed = 0
+
+    def __call__(self, fields: dict[str, Any]) -> None:
+        self.count()
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            self.suppressed += 1
+            return
+        self.tokens -= 1
+        if self.suppressed:
+            fields = {**fields, "suppressed": self.suppressed}
+            self.suppressed = 0
+        self.record(fields)

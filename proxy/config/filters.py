@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.config.options import ConfigError
+from kproxy.policies.auth.acl import AclError, AclRule, Acls, parse_acls
+from kproxy.policies.filters.acl import AclFilter
 from kproxy.policies.filters.api import Filter, FilterConfigError
 from kproxy.policies.filters.record_validation import RecordValidation
 
 # Keys the filter tables own at the top level of the file.
-TOP_LEVEL_KEYS = frozenset({"filters", "default_filters", "virtual_clusters"})
+TOP_LEVEL_KEYS = frozenset({"filters", "default_filters", "virtual_clusters", "acls"})
 BUILTIN_TYPES: dict[str, type[Filter]] = {"record-validation": RecordValidation}
 
 
@@ -30,13 +32,17 @@ class FilterSettings:
 
     defined: dict[str, Filter] = field(default_factory=dict)
     default: tuple[str, ...] = ()
+    acl: AclFilter | None = None  # first in every chain once any [[acls]] is set
 
     def main_chain(self) -> list[Filter]:
-        return [self.defined[name] for name in self.default]
+        return self._acl() + [self.defined[name] for name in self.default]
 
     def chain_of(self, names: tuple[str, ...]) -> list[Filter]:
         """The filters a virtual cluster lists, in order."""
-        return [self.defined[name] for name in names]
+        return self._acl() + [self.defined[name] for name in names]
+
+    def _acl(self) -> list[Filter]:
+        return [self.acl] if self.acl is not None else []
 
 
 def filter_settings(extra: dict[str, Any], path: str | None) -> FilterSettings:
@@ -63,7 +69,24 @@ def filter_settings(extra: dict[str, Any], path: str | None) -> FilterSettings:
                               "([[filters]] name)")
     if len(set(default)) != len(default):
         raise ConfigError(f"{where}default_filters: a filter is listed twice")
-    return FilterSettings(defined, tuple(default))
+    return FilterSettings(defined, tuple(default), acl_filter(extra, where))
+
+
+def acl_filter(extra: dict[str, Any], where: str) -> AclFilter | None:
+    """The ``[[acls]]`` tables as the ACL filter; None when there are none. A principal
+    glob without a ``Type:`` part is a user's (``alice`` means ``User:alice``)."""
+    if "acls" not in extra:
+        return None
+    try:
+        acls = parse_acls(extra["acls"])
+    except AclError as exc:
+        raise ConfigError(f"{where}{exc}") from None
+    if not acls.active:
+        raise ConfigError(f"{where}acls: an empty list; remove it or add rules")
+    rules = [r if ":" in r.principal or r.principal == "*" else AclRule(
+        f"User:{r.principal}", r.operations, r.resource, r.pattern, r.allow)
+        for r in acls.rules]
+    return AclFilter(Acls(rules))
 
 
 def _build(name: str, table: dict[str, Any], base: Path, where: str) -> Filter:

@@ -229,10 +229,7 @@ def _read_file(path: str) -> tuple[dict[tuple[str, ...], Any], dict[str, Any]]:
     values: dict[tuple[str, ...], Any] = {}
     tables: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "acls":  # refused rather than accepted and not enforced
-            raise ConfigError(f"{path}: {key}: not supported yet (authorization at the "
-                              "proxy is planned; the brokers' ACLs still decide)")
-        if key in TOP_LEVEL_KEYS or key == "quotas":  # [[filters]], [[quotas]] and the like
+        if key in TOP_LEVEL_KEYS or key == "quotas":  # [[filters]], [[acls]], [[quotas]]...
             tables[key] = value
         elif isinstance(value, dict):
             tables[key] = value

@@ -20,7 +20,7 @@ import trio
 from prometheus_client import Gauge
 
 from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
-from kproxy.auth.audit import open_audit
+from kproxy.auth.audit import DenialReporter, open_audit
 from kproxy.auth.jwks import JwksCache
 from kproxy.auth.logins import sasl_settings
 from kproxy.codecs import api_keys
@@ -121,6 +121,10 @@ class Proxy:
                 "clients log in at the proxy: SaslHandshake and SaslAuthenticate answered "
                 "here, nothing else before a login"))
         self.filter_counts = DecisionCounts()
+        # Denied operations: counted as the acl filter's "denied" decisions, audited
+        # within a rate bound.
+        self.acl_denials = DenialReporter(self.audit_record,
+                                          lambda: self.filter_counts.add("acl", "denied"))
         metrics.watch_filters(lambda: self.filter_counts.counts)
         self.chain = self._chain(config)
         self.services = SessionServices(
@@ -185,6 +189,8 @@ class Proxy:
             session.conn.set_handlers(session.services.handlers)
 
     def _chain(self, config: Config) -> FilterChain:
+        if config.filters.acl is not None:
+            config.filters.acl.on_deny = self.acl_denials
         chain = FilterChain(self.builtins, config.filters.main_chain(), self.filter_counts)
         self.state.api_caps = chain.caps(api_caps(config))
         return chain

@@ -9,6 +9,7 @@ label text) must stay untracked, once ingested, updated and labelled by a scrape
 from __future__ import annotations
 
 import gc
+import types
 import uuid
 
 from kproxy.codecs.otlp.model import decode_metrics_data
@@ -30,8 +31,6 @@ def _held(per_instance: int) -> tuple[TelemetryService, int]:
     """A service holding ``INSTANCES`` x ``per_instance`` series, ingested cumulative,
     labelled by a scrape, then updated by delta pushes (histograms replaced); and how
     many tracked objects it added."""
-    gc.collect()
-    before = len(gc.get_objects())
     cfg = make_config("127.0.0.1:1", telemetry_max_series=INSTANCES * per_instance,
                       telemetry_max_series_bytes=2**32)
     metrics = ProxyMetrics()
@@ -54,7 +53,25 @@ def _held(per_instance: int) -> tuple[TelemetryService, int]:
     # labels waits for the next pass, so three passes untrack the deepest.
     for _ in range(3):
         gc.collect()
-    return service, len(gc.get_objects()) - before
+    return service, _tracked_from(service.store)
+
+
+def _tracked_from(root: object) -> int:
+    """Tracked objects reachable from ``root``: what a collection visits for it. Counted
+    from the store, not the whole process, so that whatever else the test process holds
+    or frees meanwhile (other tests' leftovers, their threads) does not count."""
+    seen: set[int] = set()
+    stack = [root]
+    tracked = 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, types.FunctionType,
+                                               types.CodeType, types.MethodType)):
+            continue
+        seen.add(id(obj))
+        tracked += gc.is_tracked(obj)
+        stack.extend(gc.get_referents(obj))
+    return tracked
 
 
 def test_series_held_add_tracked_objects_per_instance_not_per_series() -> None:

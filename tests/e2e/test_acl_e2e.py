@@ -1,0 +1,237 @@
+"""ACLs enforced at a running `kproxy run` (two workers) in front of tansu: users log in
+with SASL PLAIN, and confluent-kafka sees allow and deny for produce, consume (fetch and
+group), the Metadata listing and creating and deleting topics; denials reach the audit
+log; SIGHUP applies new ACLs, keeps the old ones on a bad entry, and a bad entry stops
+start-up with exit 2 and one line naming the key."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kproxy.embedded_broker import TansuBroker
+
+from ..support import KproxyProcess, kproxy_process
+
+pytestmark = pytest.mark.broker
+RUN = uuid.uuid4().hex[:6]
+USERS = """
+[users.alice]
+password = "alice-secret"
+[users.bob]
+password = "bob-secret"
+"""
+ACLS = f"""
+[[acls]]
+principal = "User:alice"
+operations = ["READ", "WRITE", "CREATE", "DELETE"]
+resource = "topic"
+pattern = "ok-{RUN}-*"
+permission = "allow"
+[[acls]]
+principal = "User:*"
+operations = ["READ"]
+resource = "group"
+pattern = "app-*"
+permission = "allow"
+[[acls]]
+principal = "User:alice"
+operations = ["WRITE"]
+resource = "transactional_id"
+pattern = "tx-{RUN}-*"
+permission = "allow"
+[[acls]]
+principal = "User:bob"
+operations = ["READ"]
+resource = "topic"
+pattern = "ok-{RUN}-*"
+permission = "allow"
+"""
+
+
+def _config(tmp: Path, acls: str) -> str:
+    return f"""
+audit_log = "{tmp / 'audit.log'}"
+[sasl]
+terminate = true
+mechanisms = ["PLAIN"]
+users_file = "{tmp / 'users.toml'}"
+{acls}
+"""
+
+
+@pytest.fixture(scope="module")
+def proxy(shared_tansu: TansuBroker,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KproxyProcess, Path]]:
+    tmp = tmp_path_factory.mktemp("acl")
+    (tmp / "users.toml").write_text(USERS)
+    (tmp / "kproxy.toml").write_text(_config(tmp, ACLS))
+    with kproxy_process(shared_tansu.bootstrap, tmp, "--config", str(tmp / "kproxy.toml"),
+                        "--config-watch-interval", "0") as kp:
+        yield kp, tmp
+
+
+def _ck(kp: KproxyProcess, user: str, **extra: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": kp.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN", "sasl.username": user,
+            "sasl.password": f"{user}-secret", **extra}
+
+
+def _audit(tmp: Path) -> list[dict[str, Any]]:
+    path = tmp / "audit.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait(cond: Callable[[], Any], timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := cond():
+            return found
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def _produce(kp: KproxyProcess, user: str, topic: str) -> Any:
+    from confluent_kafka import Producer
+    producer = Producer(_ck(kp, user, **{"message.timeout.ms": 10000}))
+    results: list[Any] = []
+    producer.produce(topic, b'{"n": 1}', on_delivery=lambda err, _m: results.append(err))
+    producer.flush(15)
+    return results[0] if results else "no delivery report"
+
+
+def test_produce_allowed_and_denied(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import KafkaError
+    kp, tmp = proxy
+    assert _produce(kp, "alice", f"ok-{RUN}-produce") is None
+    err = _produce(kp, "alice", f"no-{RUN}-produce")
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    _wait(lambda: any(r.get("event") == "acl_denied" and r["principal"] == "User:alice"
+                      and r["api"] in ("Produce", "Metadata")
+                      and r["name"] == f"no-{RUN}-produce" for r in _audit(tmp)))
+
+    def denied_count() -> float:
+        url = f"http://127.0.0.1:{kp.http_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("kproxy_filter_decisions_total{")
+                   and 'filter="acl"' in line and 'decision="denied"' in line)
+
+    assert _wait(lambda: denied_count() >= 1)
+
+
+def test_consume_needs_topic_and_group(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import Consumer, KafkaError
+    kp, _ = proxy
+    topic = f"ok-{RUN}-consume"
+    assert _produce(kp, "alice", topic) is None
+
+    def consume(user: str, group: str) -> tuple[list[bytes], list[int]]:
+        consumer = Consumer(_ck(kp, user, **{"group.id": group,
+                                             "auto.offset.reset": "earliest",
+                                             "session.timeout.ms": 6000,
+                                             "enable.partition.eof": True}))
+        consumer.subscribe([topic])
+        values: list[bytes] = []
+        errors: list[int] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not values and not errors:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is None:
+                values.append(msg.value())
+            elif msg.error().code() != KafkaError._PARTITION_EOF:
+                errors.append(msg.error().code())
+        consumer.close()
+        return values, errors
+
+    assert consume("bob", f"app-{RUN}")[0] == [b'{"n": 1}']
+    _, errors = consume("bob", f"other-{RUN}")
+    assert KafkaError.GROUP_AUTHORIZATION_FAILED in errors
+
+
+def test_metadata_lists_only_describable_topics(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka.admin import AdminClient
+    kp, _ = proxy
+    assert _produce(kp, "alice", f"ok-{RUN}-listed") is None
+    topics = AdminClient(_ck(kp, "alice")).list_topics(timeout=15).topics
+    assert f"ok-{RUN}-listed" in topics
+    assert all(name.startswith(f"ok-{RUN}-") for name in topics), sorted(topics)
+    assert AdminClient(_ck(kp, "bob")).list_topics(
+        timeout=15).topics.keys() >= {f"ok-{RUN}-listed"}
+
+
+def test_create_and_delete_topics(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+    kp, _ = proxy
+    admin = AdminClient(_ck(kp, "alice"))
+    ok, no = f"ok-{RUN}-created", f"no-{RUN}-created"
+    futures = admin.create_topics([NewTopic(ok, 1, 1), NewTopic(no, 1, 1)])
+    futures[ok].result(15)
+    with pytest.raises(KafkaException) as caught:
+        futures[no].result(15)
+    assert caught.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    bob = AdminClient(_ck(kp, "bob"))
+    with pytest.raises(KafkaException) as caught:
+        bob.delete_topics([ok])[ok].result(15)
+    assert caught.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    admin.delete_topics([ok])[ok].result(15)
+
+
+def test_transactional_id_allowed_and_denied(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    kp, _ = proxy
+    denied = Producer(_ck(kp, "alice", **{"transactional.id": f"other-{RUN}"}))
+    with pytest.raises(KafkaException) as caught:
+        denied.init_transactions(15)
+    assert caught.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    producer = Producer(_ck(kp, "alice", **{"transactional.id": f"tx-{RUN}-1"}))
+    producer.init_transactions(15)
+    producer.begin_transaction()
+    producer.produce(f"ok-{RUN}-txn", b"in a transaction")
+    producer.commit_transaction(15)
+
+
+def test_sighup_applies_new_acls_and_keeps_them_on_a_bad_entry(
+        proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import KafkaError
+    kp, tmp = proxy
+    topic = f"late-{RUN}"
+    err = _produce(kp, "alice", topic)
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    bad = ACLS + '[[acls]]\nprincipal = "x"\noperations = ["FLY"]\nresource = "topic"\n' \
+        'pattern = "*"\npermission = "allow"\n'
+    (tmp / "kproxy.toml").write_text(_config(tmp, bad))
+    kp.process.send_signal(signal.SIGHUP)
+    _wait(lambda: "operations: unknown 'fly'" in kp.log())
+    assert _produce(kp, "alice", f"ok-{RUN}-still") is None  # the old rules hold
+    more = ACLS + f'[[acls]]\nprincipal = "User:alice"\noperations = ["WRITE", "CREATE"]\n' \
+        f'resource = "topic"\npattern = "late-{RUN}"\npermission = "allow"\n'
+    (tmp / "kproxy.toml").write_text(_config(tmp, more))
+    kp.process.send_signal(signal.SIGHUP)
+    _wait(lambda: _produce(kp, "alice", topic) is None, timeout=30)
+
+
+def test_a_bad_entry_stops_start_up(tmp_path: Path) -> None:
+    (tmp_path / "users.toml").write_text(USERS)
+    (tmp_path / "kproxy.toml").write_text(_config(
+        tmp_path, '[[acls]]\nprincipal = "User:a"\noperations = ["READ"]\n'
+        'resource = "topic"\npattern = "*"\npermission = "perhaps"\n'))
+    done = subprocess.run([sys.executable, "-m", "kproxy.cli", "run", "--upstream",
+                           "127.0.0.1:1", "--config", str(tmp_path / "kproxy.toml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "acls[0].permission" in lines[0], done.stderr
