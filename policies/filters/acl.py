@@ -38,14 +38,14 @@ from kproxy.codecs.headers import (
 from kproxy.codecs.interpreter import decode_from, encode_into
 from kproxy.codecs.peek import RequestPeek
 from kproxy.codecs.primitives import Reader, Writer
-from kproxy.codecs.produce_request import walk, without
+from kproxy.codecs.produce_request import walk
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schema import MAX_VERSION, MessageSpec, Versions
 from kproxy.policies.auth.acl import Acls
 from kproxy.policies.connection import Answer, Close, ConnectionState, Forward, RequestDecision
 from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TOPIC_DENIED, TXN_DENIED, Need, offered
 from kproxy.policies.filters.api import Filter
-from kproxy.policies.filters.record_validation import Plan
+from kproxy.policies.filters.record_validation import refuse_partitions
 
 ANONYMOUS = "User:ANONYMOUS"
 ANY = Versions(0, MAX_VERSION)
@@ -179,9 +179,7 @@ class AclFilter(Filter):
         txn_denied = bool(req.transactional_id) and bool(self.denied(
             conn, [Need("write", "transactional_id", str(req.transactional_id))], "Produce"))
         refused: dict[tuple[int, int], dict[str, Any]] = {}
-        total = 0
         for t, topic in enumerate(req.topics):
-            total += len(topic.partitions)
             ok = not txn_denied and topic.topic is not None and not self.denied(
                 conn, [Need("write", "topic", topic.topic)], "Produce")
             if not ok:
@@ -193,17 +191,9 @@ class AclFilter(Filter):
                                        "error_message": None}
         if not refused:
             return None
-        if req.acks == 0:
-            return Close("produce denied with acks=0", "acl_denied", "a Produce with acks=0 "
-                         "was denied by the ACLs: connection closed (no response to carry "
-                         "the error)", "Produce")
-        plan = Plan(req.api_version, req.correlation_id,
-                    [(topic.topic, [part.index for part in topic.partitions])
-                     for topic in req.topics], refused)
-        if len(refused) == total:
-            return Answer(plan.response(None))
-        return Forward(without(body, req, set(refused)), peek.api_version,
-                       lambda resp, version: plan.response(resp))
+        return refuse_partitions(body, peek, req, refused, Close(
+            "produce denied with acks=0", "acl_denied", "a Produce with acks=0 was denied "
+            "by the ACLs: connection closed (no response to carry the error)", "Produce"))
 
     def _metadata(self, conn: ConnectionState, body: memoryview, head: int, end: int,
                   msg: Msg, version: int) -> RequestDecision:

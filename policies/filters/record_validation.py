@@ -34,7 +34,7 @@ from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_response, encode_response_parts
 from kproxy.codecs.peek import RequestPeek
-from kproxy.codecs.produce_request import walk, without
+from kproxy.codecs.produce_request import ProduceRequest, walk, without
 from kproxy.codecs.record_batch import iter_records
 from kproxy.codecs.schema import Versions
 from kproxy.policies.connection import (
@@ -153,9 +153,7 @@ class RecordValidation(Filter):
                    body: memoryview) -> RequestDecision:
         req = walk(body)
         refused: dict[tuple[int, int], dict[str, Any]] = {}
-        total = 0
         for t, topic in enumerate(req.topics):
-            total += len(topic.partitions)
             if topic.topic is None or not self.matches(topic.topic):
                 continue
             for p, part in enumerate(topic.partitions):
@@ -164,19 +162,10 @@ class RecordValidation(Filter):
                     refused[(t, p)] = refusal(part.index, errors)
         if not refused:
             return None
-        if req.acks == 0:
-            return Close("invalid record with acks=0", "invalid_record", "a Produce with "
-                         "acks=0 held an invalid record: connection closed (a broker does "
-                         "the same; acks=0 has no response to carry the error)", "Produce")
-        # What the response needs of the request, without views into its buffer (held
-        # until the response, they would pin the connection's receive buffer).
-        plan = Plan(req.api_version, req.correlation_id,
-                    [(topic.topic, [part.index for part in topic.partitions])
-                     for topic in req.topics], refused)
-        if len(refused) == total:
-            return Answer(plan.response(None))
-        return Forward(without(body, req, set(refused)), peek.api_version,
-                       lambda resp, version: plan.response(resp))
+        return refuse_partitions(body, peek, req, refused, Close(
+            "invalid record with acks=0", "invalid_record", "a Produce with acks=0 held an "
+            "invalid record: connection closed (a broker does the same; acks=0 has no "
+            "response to carry the error)", "Produce"))
 
     def check(self, records: memoryview | None) -> list[tuple[int, str]]:
         """The invalid records of a partition: (index in batch, why); [] when all pass."""
@@ -212,6 +201,26 @@ def refusal(index: int, errors: list[tuple[int, str]]) -> dict[str, Any]:
             "record_errors": [{"batch_index": i, "batch_index_error_message": m}
                               for i, m in errors],
             "error_message": f"record {errors[0][0]}: {first}{more}"[:MAX_MESSAGE]}
+
+
+def refuse_partitions(body: memoryview, peek: RequestPeek, req: ProduceRequest,
+                      refused: dict[tuple[int, int], dict[str, Any]],
+                      acks0: Close) -> RequestDecision:
+    """A Produce some of whose partitions a filter refused (``refused``: by (topic,
+    partition) position, the entry to answer): the rest forwarded and the responses
+    merged, the whole answered here when nothing is left, ``acks0`` when no response
+    could carry the errors."""
+    if req.acks == 0:
+        return acks0
+    # What the response needs of the request, without views into its buffer (held
+    # until the response, they would pin the connection's receive buffer).
+    plan = Plan(req.api_version, req.correlation_id,
+                [(topic.topic, [part.index for part in topic.partitions])
+                 for topic in req.topics], refused)
+    if len(refused) == sum(len(topic.partitions) for topic in req.topics):
+        return Answer(plan.response(None))
+    return Forward(without(body, req, set(refused)), peek.api_version,
+                   lambda resp, version: plan.response(resp))
 
 
 @dataclass(frozen=True, slots=True)
