@@ -19,8 +19,21 @@ from typing import Any
 from kproxy.codecs import api_keys
 from kproxy.codecs.canonical import omit_default_tags
 from kproxy.codecs.registry import DECODED
+from kproxy.codecs.schema import Versions
 from kproxy.codecs.schemas import api_versions
 from kproxy.policies.metadata_bridge import advertised_metadata_max
+
+# APIs that name no topic, group or transactional id (the handshake, SASL, the
+# telemetry the proxy answers itself, DescribeCluster): what a filter that must see
+# every name (a virtual cluster, the ACLs) offers unchecked, at these versions.
+NAMELESS: dict[int, Versions] = {
+    api_keys.API_VERSIONS: Versions(0, 4),
+    api_keys.SASL_HANDSHAKE: Versions(0, 1),
+    api_keys.SASL_AUTHENTICATE: Versions(0, 2),
+    api_keys.DESCRIBE_CLUSTER: Versions(0, 2),
+    api_keys.GET_TELEMETRY_SUBSCRIPTIONS: Versions(0, 0),
+    api_keys.PUSH_TELEMETRY: Versions(0, 0),
+}
 
 # APIs kept from clients altogether. ShareFetch and ShareAcknowledge were, until their
 # NodeEndpoints were rewritten; they are now capped like every decoded API.

@@ -28,6 +28,7 @@ from kproxy.codecs.schema import MessageSpec, Versions
 from kproxy.codecs.schemas import tenancy_groups as tg
 from kproxy.codecs.schemas import tenancy_topics as tt
 from kproxy.codecs.schemas import txn_responses as tx
+from kproxy.policies.api_versions import NAMELESS
 
 TOPIC_DENIED = 29
 GROUP_DENIED = 30
@@ -281,14 +282,7 @@ APIS: dict[int, AclApi] = _apis()
 
 # APIs that need no authorization (Kafka checks none): the handshake, SASL, the
 # telemetry the proxy answers, and DescribeCluster (it lists the brokers, as Metadata).
-FREE: dict[int, Versions] = {
-    api_keys.API_VERSIONS: Versions(0, 4),
-    api_keys.SASL_HANDSHAKE: Versions(0, 1),
-    api_keys.SASL_AUTHENTICATE: Versions(0, 2),
-    api_keys.DESCRIBE_CLUSTER: Versions(0, 2),
-    api_keys.GET_TELEMETRY_SUBSCRIPTIONS: Versions(0, 0),
-    api_keys.PUSH_TELEMETRY: Versions(0, 0),
-}
+FREE = NAMELESS
 
 
 def offered(api_key: int) -> Versions | None:

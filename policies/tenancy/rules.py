@@ -27,6 +27,7 @@ from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schema import MessageSpec, Versions
 from kproxy.codecs.schemas import tenancy_groups as tg
 from kproxy.codecs.schemas import tenancy_topics as tt
+from kproxy.policies.api_versions import NAMELESS
 
 Entry = dict[str, Any]
 
@@ -150,17 +151,10 @@ def _rules() -> dict[int, ApiRule]:
 
 RULES: dict[int, ApiRule] = _rules()
 
-# APIs that carry no tenant name and pass unchanged (their versions are the proxy's
-# usual caps): the handshake, SASL, and the telemetry the proxy answers itself.
-# DescribeCluster passes too, its cluster id replaced by the virtual cluster's.
-PASSED: dict[int, Versions] = {
-    api_keys.API_VERSIONS: Versions(0, 4),
-    api_keys.SASL_HANDSHAKE: Versions(0, 1),
-    api_keys.SASL_AUTHENTICATE: Versions(0, 2),
-    api_keys.DESCRIBE_CLUSTER: Versions(0, 2),
-    api_keys.GET_TELEMETRY_SUBSCRIPTIONS: Versions(0, 0),
-    api_keys.PUSH_TELEMETRY: Versions(0, 0),
-}
+# APIs that carry no tenant name and pass unchanged: the handshake, SASL, and the
+# telemetry the proxy answers itself. DescribeCluster passes too, its cluster id
+# replaced by the virtual cluster's.
+PASSED = NAMELESS
 
 
 def allowed_versions(api_key: int) -> Versions | None:
