@@ -131,6 +131,15 @@ def group_view(port: int, group: str) -> tuple[float, float]:
     return (sum(members.values()), max(generation.values(), default=-1))
 
 
+def member_generations(ports: list[int], group: str) -> list[int]:
+    """The generation each member last joined, as the worker holding it saw it."""
+    found = []
+    for port in ports:
+        groups = json.loads(_get(port, "/internal/facts")[1]).get("groups", {})
+        found += [int(m[2]) for m in groups.get(group, {}).get("members", [])]
+    return found
+
+
 def test_a_group_whose_members_sit_on_both_workers(tansu: TansuBroker, tmp_path: Path) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -154,10 +163,15 @@ def test_a_group_whose_members_sit_on_both_workers(tansu: TansuBroker, tmp_path:
             view = group_view(kp.http_port, "split")
             workers = [group_view(p, "split") for p in ports]
             newest = max(g for _, g in workers)
-            # Settled: the supervisor shows every member and the newest generation.
-            return view if view == (n, newest) and newest >= 0 else None
+            # Settled: the supervisor shows every member and the newest generation, and
+            # every member has joined that generation (a member leaving in the middle of
+            # a round, another's join still open, left tansu waiting for it, for minutes).
+            return view if view == (n, newest) and newest >= 0 and all(
+                gen == newest for gen in member_generations(ports, "split")) else None
 
-        members, generation = wait_for("the merged group", merged)
+        members, generation = wait_for("the merged group", merged, show=lambda: (
+            group_view(kp.http_port, "split"),
+            [_get(p, "/internal/facts")[1] for p in ports]))
         assert members == n
         # One member leaves: the merged group follows, whichever worker it left through.
         leavers[0].set()
