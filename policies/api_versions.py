@@ -13,7 +13,7 @@ librdkafka 2.0.2 (Debian 12's kcat) fails to read such a response.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kproxy.codecs import api_keys
@@ -69,6 +69,19 @@ def cap_api_versions(body: dict[str, Any], caps: Mapping[int, int],
     for key, (lo, hi) in sorted(add.items()):
         kept.append({"api_key": key, "min_version": lo, "max_version": hi})
     kept.sort(key=lambda e: e["api_key"])
+    body["api_keys"] = kept
+
+
+def offer_only(body: dict[str, Any], offered: Callable[[int], Versions | None]) -> None:
+    """Keep, in place, only the entries of a decoded ApiVersions response that a filter
+    which must see every request can handle (``offered``: an API's versions, None for
+    one it hides), capped at them: what it cannot read, no client is offered."""
+    kept = []
+    for entry in body["api_keys"]:
+        allowed = offered(entry["api_key"])
+        if allowed is None or entry["min_version"] > allowed.hi:
+            continue
+        kept.append({**entry, "max_version": min(entry["max_version"], allowed.hi)})
     body["api_keys"] = kept
 
 

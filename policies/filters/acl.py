@@ -41,6 +41,7 @@ from kproxy.codecs.primitives import Reader, Writer
 from kproxy.codecs.produce_request import walk
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schema import MAX_VERSION, MessageSpec, Versions
+from kproxy.policies.api_versions import offer_only
 from kproxy.policies.auth.acl import Acls
 from kproxy.policies.connection import Answer, Close, ConnectionState, Forward, RequestDecision
 from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TOPIC_DENIED, TXN_DENIED, Need, offered
@@ -274,13 +275,7 @@ class AclFilter(Filter):
             head, msg = _decode_response(spec, api_version, body)
         except CodecError:
             return None  # a v0 error answer (version unknown): it lists ApiVersions only
-        kept = []
-        for entry in msg["api_keys"]:
-            allowed = offered(entry["api_key"])
-            if allowed is None or entry["min_version"] > allowed.hi:
-                continue
-            kept.append({**entry, "max_version": min(entry["max_version"], allowed.hi)})
-        msg["api_keys"] = kept
+        offer_only(msg, offered)
         return _with_body(body, head, spec, api_version, msg)
 
 

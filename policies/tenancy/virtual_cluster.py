@@ -28,6 +28,7 @@ from kproxy.codecs.peek import RequestPeek
 from kproxy.codecs.primitives import Reader, Writer
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schema import MAX_VERSION, MessageSpec, Versions
+from kproxy.policies.api_versions import offer_only
 from kproxy.policies.connection import Close, ConnectionState, Forward, RequestDecision
 from kproxy.policies.filters.api import Filter
 from kproxy.policies.tenancy.rules import PASSED, RULES, allowed_versions
@@ -151,13 +152,7 @@ class VirtualClusterFilter(Filter):
             msg = decode_body(spec, api_version, body, r.pos)
         except CodecError:
             return None  # a v0 error answer (version unknown): it lists ApiVersions only
-        kept = []
-        for entry in msg["api_keys"]:
-            allowed = allowed_versions(entry["api_key"])
-            if allowed is None or entry["min_version"] > allowed.hi:
-                continue
-            kept.append({**entry, "max_version": min(entry["max_version"], allowed.hi)})
-        msg["api_keys"] = kept
+        offer_only(msg, allowed_versions)
         return encode_frame(body[:r.pos], spec, api_version, msg)
 
     def describe(self) -> str:
