@@ -206,12 +206,8 @@ def main() -> int:
     sections = {"scrape": scrapes, "telemetry_ab": measure_telemetry(args, work),
                 "workers": measure_workers(args, work, reps, n1k),
                 "relay_ab": measure_relay(args, work, reps),
-                "small": small_request_ab.measure(work, reps, 1.0 if smoke else 5.0),
-                "tls": tls_row.measure(work, reps, 2000 if smoke else 100_000),
-                "admission": admission_row.measure(work, 1 if smoke else reps,
-                                                   20 if smoke else 300),
-                "scrape_workers": scrape_workers_row.measure(
-                    work, 1 if smoke else reps, 5_000 if smoke else 250_000)}
+                **{key: measure_row(name, work, reps, smoke)
+                   for name, (_, key, _, _) in ROWS.items()}}
     # The smoke run swaps once with one client: the code path, not a figure.
     sections["rebootstrap"] = (
         rebootstrap_row.measure(work, 1, 1, ("confluent-kafka",)) if smoke
@@ -275,26 +271,11 @@ def only(args: argparse.Namespace) -> int:
         data = measure_relay(args, work, 1 if args.smoke else args.reps)
         lines, heading = relay_ab.section(data), relay_ab.HEADING
         save_section(Path(args.json), "relay_ab", data)
-    elif args.only == "small":
-        data = small_request_ab.measure(work, 1 if args.smoke else args.reps,
-                                        1.0 if args.smoke else 5.0)
-        lines, heading = small_request_ab.section(data), small_request_ab.HEADING
-        save_section(Path(args.json), "small", data)
-    elif args.only == "tls":
-        data = tls_row.measure(work, 1 if args.smoke else args.reps,
-                               2000 if args.smoke else 100_000)
-        lines, heading = tls_row.section(data), tls_row.HEADING
-        save_section(Path(args.json), "tls", data)
-    elif args.only == "scrape-workers":
-        data = scrape_workers_row.measure(work, 1 if args.smoke else args.reps,
-                                          5_000 if args.smoke else 250_000)
-        lines, heading = scrape_workers_row.section(data), scrape_workers_row.HEADING
-        save_section(Path(args.json), "scrape_workers", data)
-    elif args.only == "admission":
-        data = admission_row.measure(work, 1 if args.smoke else args.reps,
-                                     20 if args.smoke else 300)
-        lines, heading = admission_row.section(data), admission_row.HEADING
-        save_section(Path(args.json), "admission", data)
+    elif args.only in ROWS:
+        module, key, _, _ = ROWS[args.only]
+        data = measure_row(args.only, work, 1 if args.smoke else args.reps, args.smoke)
+        lines, heading = module.section(data), module.HEADING
+        save_section(Path(args.json), key, data)
     else:
         data = measure_workers(args, work, 1 if args.smoke else args.reps,
                                2000 if args.smoke else 250_000)
@@ -303,6 +284,22 @@ def only(args: argparse.Namespace) -> int:
     splice(Path(args.out), heading, lines)
     print("\n".join(lines))
     return 0
+
+
+# Sections that measure on their own, alike: --only name -> (module, key in the saved run,
+# the size a smoke run measures, the size a full run measures).
+ROWS: dict[str, tuple[Any, str, float, float]] = {
+    "small": (small_request_ab, "small", 1.0, 5.0),
+    "tls": (tls_row, "tls", 2000, 100_000),
+    "admission": (admission_row, "admission", 20, 300),
+    "scrape-workers": (scrape_workers_row, "scrape_workers", 5_000, 250_000),
+}
+
+
+def measure_row(name: str, work: Path, reps: int, smoke: bool) -> dict[str, Any]:
+    """One of ``ROWS``: its module's ``measure(work, reps, size)``."""
+    module, _, smoke_size, full_size = ROWS[name]
+    return dict(module.measure(work, reps, smoke_size if smoke else full_size))
 
 
 def save_section(saved: Path, key: str, data: dict[str, Any]) -> None:
