@@ -147,11 +147,31 @@ OBSERVED_HEAD_BYTES = 64 * 1024
 
 class ConnectionState:
     # Slots: one per open connection; weak references for the status page's push times.
-    __slots__ = ("__weakref__", "_observers", "_requests", "_responses",
-                 "api_versions_used", "authenticated", "backend_metadata_max",
-                 "connected_epoch", "follow_ups", "handlers", "info", "listener",
-                 "metadata_version", "node_id", "pending", "principal", "sasl", "session_expiry",
-                 "shared", "topology_epoch", "upstream")
+    __slots__ = (
+        "__weakref__",
+        "_observers",
+        "_requests",
+        "_responses",
+        "api_versions_used",
+        "authenticated",
+        "backend_metadata_max",
+        "connected_epoch",
+        "ended_by_change",
+        "follow_ups",
+        "handlers",
+        "info",
+        "listener",
+        "metadata_version",
+        "node_id",
+        "pending",
+        "principal",
+        "reached_relisted",
+        "sasl",
+        "session_expiry",
+        "shared",
+        "topology_epoch",
+        "upstream",
+    )
 
     def __init__(self, shared: ProxyState, handlers: Handlers, listener: str,
                  node_id: int | None, peer: tuple[str, int]) -> None:
@@ -167,6 +187,12 @@ class ConnectionState:
         self.metadata_version: int | None = None
         self.backend_metadata_max: int | None = None
         self.upstream: HostPort | None = None  # the broker it is connected to, once it is
+        # A bootstrap connection that reached a reload's new list before that reload's
+        # change landed: the epoch it reached it at (``ProxyState.relisted_at``).
+        self.reached_relisted: int | None = None
+        # Set when a backend change ended it (the outcome was counted): the answers
+        # still in flight are relayed, but nobody is told twice.
+        self.ended_by_change = False
         # SASL passes through and the broker's answer is noted, or (``shared.sasl_gate``)
         # the proxy logs the client in: then its principal, the exchange under way, and
         # when the session ends (KIP-368, the gate's clock; None: never).
@@ -275,14 +301,30 @@ class ConnectionState:
         would have ended had it been open at the change.
         """
         self.upstream = upstream
-        return self.node_id is not None or upstream in self.shared.upstream_servers
+        shared = self.shared
+        if self.node_id is not None:
+            return True
+        if upstream not in shared.upstream_servers:
+            return False
+        if shared.relisted_at == shared.epoch:
+            self.reached_relisted = shared.epoch
+        return True
 
     def on_change(self, change: Change) -> str | None:
         """The backend changed: the outcome to count if this connection must end."""
+        if self.reached_relisted is not None and change.epoch == self.reached_relisted + 1:
+            # The reload's own change (its discovery, or the forced bump): what this
+            # connection's client read came from the new list already.
+            self.connected_epoch = change.epoch
+            if self.topology_epoch is not None:
+                self.topology_epoch = change.epoch
+        self.reached_relisted = None
         shared = self.shared
-        return on_change(change, self.connected_epoch, self.node_id, self.upstream,
-                         shared.upstream_servers, self.metadata_version,
-                         shared.legacy_clients)
+        outcome = on_change(change, self.connected_epoch, self.node_id, self.upstream,
+                            shared.upstream_servers, self.metadata_version,
+                            shared.legacy_clients)
+        self.ended_by_change = self.ended_by_change or outcome is not None
+        return outcome
 
     # ------------------------------------------------------------------ for handlers
 

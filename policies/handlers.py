@@ -173,8 +173,10 @@ class MetadataResponse:
     def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
         shared = conn.shared
-        action = metadata_action(conn.saw_topology(), shared.epoch, api_version,
-                                 shared.legacy_clients)
+        # A connection a change ended already counted its outcome: the answer it still
+        # awaited is relayed, and it is not told (or closed as legacy) a second time.
+        action = Action.NONE if conn.ended_by_change else metadata_action(
+            conn.saw_topology(), shared.epoch, api_version, shared.legacy_clients)
         rewritten = self._rewritten(conn, api_version, upstream_version, body,
                                     inject=action is Action.INJECT)
         change = shared.learn(rewritten.seen, conn.connected_epoch)

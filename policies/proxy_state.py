@@ -37,6 +37,10 @@ class ProxyState:
     # SASL terminated here: (connection, API key) -> a Close for a request that may not
     # pass yet (not logged in, session expired), else None (``policies.auth.handlers``).
     sasl_gate: Callable[[Any, int], Any] | None = None
+    # The epoch at which the upstream list last changed (a reload): until the change that
+    # follows it lands, a bootstrap connection reaching the new list already talks to
+    # the backend that change describes.
+    relisted_at: int | None = None
 
     @property
     def epoch(self) -> int:
@@ -47,6 +51,8 @@ class ProxyState:
         """A reloaded configuration; the view and its epoch carry on."""
         self.legacy_clients = legacy_clients
         self.require_sasl = require_sasl
+        if list(upstream_servers) != self.upstream_servers:
+            self.relisted_at = self.view.epoch
         self.upstream_servers = list(upstream_servers)
 
     def serve_sni_on(self, port: int) -> None:

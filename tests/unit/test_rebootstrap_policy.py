@@ -125,6 +125,57 @@ def test_a_legacy_connection_still_connecting_at_a_change_is_not_closed() -> Non
     assert _conn(state, node_id=1).connected(("10.0.0.9", 9092)) is True
 
 
+def test_a_connection_that_reached_the_new_list_before_its_change_is_current() -> None:
+    """The window of a reload: the new list is set, discovery through it is still in
+    flight. A legacy client reconnecting then reaches the new list's backend and reads
+    its first Metadata answer from it; when discovery's change lands, that connection
+    is neither closed nor told (it would bootstrap twice for one swap), and its later
+    answers are current."""
+    state = _state()
+    state.view.observe({1: BrokerAddress("10.0.0.7", 9092)}, "c1", True)
+    state.reconfigure("close", False, [("10.0.0.2", 9092)])  # set_config, before discovery
+    window = _conn(state)
+    assert window.connected(("10.0.0.2", 9092)) is True
+    assert _metadata(window, 12) == 0 and window.metadata_version == 12
+    before = _conn(state)  # opened before the reload, on the old list's server
+    before.upstream = ("10.0.0.1", 9092)
+    swapped = state.view.observe({1: BrokerAddress("10.0.0.9", 9092)}, "other", True)
+    assert swapped is not None and swapped.cluster_id is not None
+    assert window.on_change(swapped) is None
+    assert before.on_change(swapped) == "upstream_gone"
+    request = _vector("Metadata", "request")
+    request = request[:2] + struct.pack(">h", 12) + request[4:]
+    window.request(peek_request(request), memoryview(request))
+    handled = window.response(api_keys.METADATA, 12, 12,
+                              memoryview(_vector("Metadata", "response")))
+    assert handled.rebootstrap is Action.NONE and not handled.close_after
+    # A later change is news to it, as to everyone.
+    later = state.view.force("operator")
+    assert window.on_change(later) == "legacy_closed"
+
+
+def test_a_connection_ended_by_a_change_is_not_also_told_by_its_answer_in_flight() -> None:
+    """A legacy connection to the old cluster with a Metadata request in flight when the
+    swap lands: it is ended as ``upstream_gone``; the answer it awaited is relayed, but
+    not counted (and closed) a second time as ``legacy_closed``, nor told at v13."""
+    for version in (12, 13):
+        state = _state()
+        state.view.observe({1: BrokerAddress("10.0.0.7", 9092)}, "c1", True)
+        conn = _conn(state)
+        assert conn.connected(("10.0.0.1", 9092)) is True
+        assert _metadata(conn, version) == 0
+        request = _vector("Metadata", "request")
+        request = request[:2] + struct.pack(">h", version) + request[4:]
+        conn.request(peek_request(request), memoryview(request))  # in flight ...
+        state.reconfigure("close", False, [("10.0.0.2", 9092)])
+        swapped = state.view.observe({1: BrokerAddress("10.0.0.9", 9092)}, "other", True)
+        assert swapped is not None
+        assert conn.on_change(swapped) == "upstream_gone"
+        handled = conn.response(api_keys.METADATA, version, min(version, 12),  # ... answered
+                                memoryview(_vector("Metadata", "response")))
+        assert handled.rebootstrap is Action.NONE and not handled.close_after
+
+
 def test_legacy_clients_are_closed_after_their_response_or_ignored() -> None:
     for policy, close_after in (("close", True), ("ignore", False)):
         state = _state()
