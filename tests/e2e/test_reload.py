@@ -3,6 +3,7 @@ connections; an invalid one is rejected and the running config kept."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -16,7 +17,7 @@ from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.messages import Response, decode_response
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import encode_request, kproxy_process
+from ..support import KproxyProcess, encode_request, kproxy_process
 
 pytestmark = pytest.mark.broker
 
@@ -47,11 +48,17 @@ def subscriptions(*prefixes: str) -> str:
     return f"[[telemetry.subscriptions]]\nmetrics = [{metrics}]\ninterval_ms = 100\n"
 
 
-def wait_for_log(kp: object, needle: str, timeout: float = 30) -> None:
+def wait_for_log(kp: object, needle: str, timeout: float = 30, times: int = 1) -> None:
     deadline = time.monotonic() + timeout
-    while needle not in kp.log():  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, f"no {needle!r} in the log"
+    while kp.log().count(needle) < times:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"{needle!r} not {times} times in the log"
         time.sleep(0.1)
+
+
+def workers(kp: KproxyProcess) -> int:
+    """How many processes serve (and each reload): "2/2 workers ready", else one."""
+    counts = re.match(r"(\d+)/(\d+) workers ready", kp.http_get("/readyz")[1])
+    return 1 if counts is None else int(counts[2])
 
 
 def test_file_watch_applies_valid_and_rejects_invalid(tmp_path: Path) -> None:
@@ -69,13 +76,14 @@ def test_file_watch_applies_valid_and_rejects_invalid(tmp_path: Path) -> None:
         staged = tmp_path / "staged.toml"
         staged.write_text(subscriptions("org.apache.kafka.consumer."))
         staged.replace(cfg)
-        wait_for_log(kp, "telemetry subscriptions reloaded")
+        # Each worker watches the file: wait for all of them, whichever holds the client.
+        wait_for_log(kp, "telemetry subscriptions reloaded", times=workers(kp))
         time.sleep(0.2)  # one push interval, so the next Get is not throttled
         assert client.subscription() == ["org.apache.kafka.consumer."]
 
         # An invalid change is rejected; the running config stays; nothing is dropped.
         cfg.write_text("[[telemetry.subscriptions]]\nmetrics = [\"x\"]\ninterval_ms = 1\n")
-        wait_for_log(kp, "config reload rejected")
+        wait_for_log(kp, "config reload rejected", times=workers(kp))
         assert "interval_ms must be 100..3600000" in kp.log()
         time.sleep(0.2)
         assert client.subscription() == ["org.apache.kafka.consumer."]
