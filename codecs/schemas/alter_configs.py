@@ -2,7 +2,27 @@
 each resource (``policies.filters.acl_admin``). The facts are Kafka's message
 definitions; the code is ours."""
 
-from kproxy.codecs.schema import MessageSpec, Struct, array, f, struct, versions
+from kproxy.codecs.schema import Field, MessageSpec, Struct, array, f, struct, versions
+
+
+def _resources(name: str, *config_fields: Field) -> Struct:
+    """Both requests: resources, each with configs (``config_fields`` between a
+    config's name and value)."""
+    return struct(
+        name,
+        f("resources", array(struct(
+            "AlterConfigsResource",
+            f("resource_type", "int8", "0+"),
+            f("resource_name", "string", "0+"),
+            f("configs", array(struct(
+                "AlterableConfig",
+                f("name", "string", "0+"),
+                *config_fields,
+                f("value", "string", "0+", nullable="0+"),
+            )), "0+"),
+        )), "0+"),
+        f("validate_only", "bool", "0+"),
+    )
 
 
 def _results(name: str) -> Struct:
@@ -22,20 +42,7 @@ def _results(name: str) -> Struct:
 
 ALTER_CONFIGS_REQUEST = MessageSpec(
     "AlterConfigsRequest", 33, "request", versions("0-2"), versions("2+"),
-    struct(
-        "AlterConfigsRequest",
-        f("resources", array(struct(
-            "AlterConfigsResource",
-            f("resource_type", "int8", "0+"),
-            f("resource_name", "string", "0+"),
-            f("configs", array(struct(
-                "AlterableConfig",
-                f("name", "string", "0+"),
-                f("value", "string", "0+", nullable="0+"),
-            )), "0+"),
-        )), "0+"),
-        f("validate_only", "bool", "0+"),
-    ),
+    _resources("AlterConfigsRequest"),
 )
 
 ALTER_CONFIGS_RESPONSE = MessageSpec(
@@ -45,21 +52,7 @@ ALTER_CONFIGS_RESPONSE = MessageSpec(
 
 INCREMENTAL_ALTER_CONFIGS_REQUEST = MessageSpec(
     "IncrementalAlterConfigsRequest", 44, "request", versions("0-1"), versions("1+"),
-    struct(
-        "IncrementalAlterConfigsRequest",
-        f("resources", array(struct(
-            "AlterConfigsResource",
-            f("resource_type", "int8", "0+"),
-            f("resource_name", "string", "0+"),
-            f("configs", array(struct(
-                "AlterableConfig",
-                f("name", "string", "0+"),
-                f("config_operation", "int8", "0+"),
-                f("value", "string", "0+", nullable="0+"),
-            )), "0+"),
-        )), "0+"),
-        f("validate_only", "bool", "0+"),
-    ),
+    _resources("IncrementalAlterConfigsRequest", f("config_operation", "int8", "0+")),
 )
 
 INCREMENTAL_ALTER_CONFIGS_RESPONSE = MessageSpec(
