@@ -7,8 +7,9 @@ name; ``kafka-cluster`` for the cluster) and ``permission`` (allow or deny).
 
 As a broker's authorizer does: once any rule is set, whatever no rule allows is
 denied, and a matching deny wins over any allow. An allowed READ, WRITE, DELETE or
-ALTER implies DESCRIBE of the same resource (Kafka's implication), so a producer
-allowed to write a topic sees it in Metadata.
+ALTER implies DESCRIBE of the same resource, and an allowed ALTER_CONFIGS implies
+DESCRIBE_CONFIGS (Kafka's implications), so a producer allowed to write a topic sees
+it in Metadata.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ RESOURCES = ("topic", "group", "transactional_id", "cluster")
 OPERATIONS = ("all", "read", "write", "create", "delete", "alter", "describe",
               "cluster_action", "describe_configs", "alter_configs", "idempotent_write")
 IMPLY_DESCRIBE = frozenset({"read", "write", "delete", "alter"})
+# Allowed operations that imply another one on the same resource (allow rules only).
+IMPLIED_BY = {"describe": IMPLY_DESCRIBE, "describe_configs": frozenset({"alter_configs"})}
 MAX_RULES = 10_000
 
 
@@ -63,11 +66,13 @@ class Acls:
                 if not rule.allow:
                     return False
                 allowed = True
-        if allowed or operation != "describe":
+        implied_by = IMPLIED_BY.get(operation)
+        if allowed or implied_by is None:
             return allowed
-        # DESCRIBE is implied by an allowed READ/WRITE/DELETE/ALTER, unless denied above.
+        # DESCRIBE (DESCRIBE_CONFIGS) is implied by an allowed READ, WRITE, DELETE or
+        # ALTER (ALTER_CONFIGS), unless denied above.
         return any(rule.allow and rule.matches(who, op, resource, name)
-                   for op in IMPLY_DESCRIBE for rule in self.rules)
+                   for op in implied_by for rule in self.rules)
 
 
 def parse_acls(entries: Any) -> Acls:

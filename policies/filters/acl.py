@@ -11,12 +11,14 @@ either. Decisions come from ``policies.auth.acl`` (default deny, deny wins).
 - Metadata: the response lists only the topics the principal may DESCRIBE; a topic it
   named and may not describe comes back with 29. Auto-creation is turned off (v4+)
   when the principal may not CREATE a named topic.
-- CreateTopics and DeleteTopics, batched FindCoordinator: per entry, the rest forwarded.
+- CreateTopics, DeleteTopics, batched FindCoordinator and the admin APIs of
+  ``acl_admin.ENTRY_APIS``: per entry, the rest forwarded and the results merged;
+  ListGroups (``acl_admin.LISTINGS``): the response keeps the describable groups.
 - Every other API of ``acl_apis.APIS``: refused as a whole with its error (29, 30, 31
   or 53) when any of its checks fails. Fetch is refused as a whole too (every partition
   gets 29): splitting a fetch session's partitions would desynchronise it.
-- APIs not in that table (admin APIs, share groups, KIP-848 heartbeats, ...) are
-  removed from ApiVersions and a request for one closes the connection (fail closed).
+- APIs in neither (the ACL and quota admin APIs, share groups, KIP-848 heartbeats, ...)
+  are removed from ApiVersions and a request for one closes the connection (fail closed).
 
 Each denied check is reported through ``on_deny`` (the audit log, rate-bounded by the
 proxy); decisions are counted by the chain.
@@ -44,7 +46,18 @@ from kproxy.codecs.schema import MAX_VERSION, MessageSpec, Versions
 from kproxy.policies.api_versions import offer_only
 from kproxy.policies.auth.acl import Acls
 from kproxy.policies.connection import Answer, Close, ConnectionState, Forward, RequestDecision
-from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TOPIC_DENIED, TXN_DENIED, Need, offered
+from kproxy.policies.filters.acl_admin import (
+    CHECKED,
+    LISTINGS,
+    EntryApi,
+    Listing,
+    entry_api,
+    keep,
+    merge,
+    offered,
+    refuse,
+)
+from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TOPIC_DENIED, TXN_DENIED, Need
 from kproxy.policies.filters.api import Filter
 from kproxy.policies.filters.record_validation import refuse_partitions
 
@@ -112,6 +125,7 @@ class AclFilter(Filter):
         self.requests = {key: ANY for key in range(256)}
         for key, api in APIS.items():
             self.requests[key] = api.versions
+        self.requests.update(CHECKED)
         # Only ApiVersions is read on every response; the others a request changed are
         # finished by its ``Forward.then``.
         self.responses = {api_keys.API_VERSIONS: ANY}
@@ -150,6 +164,11 @@ class AclFilter(Filter):
                    body: memoryview) -> RequestDecision:
         key, version = peek.api_key, peek.api_version
         name = api_keys.api_name(key)
+        per_entry = entry_api(key, version)
+        if per_entry is not None:
+            return self._per_entry(conn, peek, body, per_entry)
+        if key in LISTINGS:
+            return self._listing(conn, body, version, LISTINGS[key])
         api = APIS.get(key)
         if api is None:
             allowed = offered(key)
@@ -163,8 +182,6 @@ class AclFilter(Filter):
         head, end, msg = _decode_request(api.request, version, body)
         if key == api_keys.METADATA:
             return self._metadata(conn, body, head, end, msg, version)
-        if key in (19, 20) or (key == api_keys.FIND_COORDINATOR and version >= 4):
-            return self._per_entry(conn, peek, body, head, end, msg)
         denied = self.denied(conn, api.needs(msg, version), name)
         if not denied:
             return None
@@ -231,38 +248,42 @@ class AclFilter(Filter):
         return _with_body(resp, head, spec, version, msg)
 
     def _per_entry(self, conn: ConnectionState, peek: RequestPeek, body: memoryview,
-                   head: int, end: int, msg: Msg) -> RequestDecision:
-        """CreateTopics, DeleteTopics, FindCoordinator v4+: denied entries answered here,
-        the others forwarded, both merged in the response."""
-        key, version = peek.api_key, peek.api_version
-        api = APIS[key]
-        name = api_keys.api_name(key)
-        if key == 19:
-            field, out_field, out_key = "topics", "topics", "name"
-            names = [t["name"] for t in msg["topics"]]
-        elif key == 20:
-            field, out_field, out_key = "topic_names", "responses", "name"
-            names = list(msg["topic_names"])
-        else:
-            field, out_field, out_key = "coordinator_keys", "coordinators", "key"
-            names = list(msg["coordinator_keys"])
-        needs = api.needs(msg, version)
-        bad = {n.name: n for n in self.denied(conn, needs, name)}
-        if not bad:
+                   api: EntryApi) -> RequestDecision:
+        """Denied entries answered here, the others forwarded, both merged in the
+        response (``acl_admin``)."""
+        version, name = peek.api_version, api_keys.api_name(peek.api_key)
+        head, end, msg = _decode_request(api.request, version, body)
+        if api.first is not None:
+            denied = self.denied(conn, api.first(msg), name)
+            if denied:
+                return Answer(answer(api.response, version, peek.correlation_id,
+                                     {"error_code": denied[0].error}))
+        results = refuse(api, msg, lambda needs: self.denied(conn, needs, name))
+        if not results:
             return None
-        entries = [_refused_entry(key, n, bad[n].error) for n in names if n in bad]
-        msg[field] = [e for e, n in zip(msg[field], names, strict=True) if n not in bad]
-        if not msg[field]:
+        if not msg[api.field]:
             return Answer(answer(api.response, version, peek.correlation_id,
-                                 {out_field: entries}))
+                                 {api.out_field: results}))
 
-        def merge(resp: memoryview, v: int) -> bytes:
+        def then(resp: memoryview, v: int) -> bytes:
             rhead, rmsg = _decode_response(api.response, v, resp)
-            rmsg[out_field] = list(rmsg.get(out_field) or []) + entries
+            merge(api, rmsg, results)
             return _with_body(resp, rhead, api.response, v, rmsg)
 
-        del out_key
-        return Forward(_reencode(body, head, end, api.request, version, msg), version, merge)
+        return Forward(_reencode(body, head, end, api.request, version, msg), version, then)
+
+    def _listing(self, conn: ConnectionState, body: memoryview, version: int,
+                 listing: Listing) -> RequestDecision:
+        """The response keeps what the principal may see (ListGroups)."""
+        if listing.unless is not None and self.allowed(conn, listing.unless):
+            return None
+
+        def then(resp: memoryview, v: int) -> bytes:
+            head, msg = _decode_response(listing.response, v, resp)
+            keep(listing, msg, lambda need: self.allowed(conn, need))
+            return _with_body(resp, head, listing.response, v, msg)
+
+        return Forward(bytes(body), version, then)
 
     # ------------------------------------------------------------------ responses
 
@@ -284,12 +305,3 @@ def _rank(need: Need) -> int:
     transactional id, then the group, then topics."""
     return {"transactional_id": 0, "cluster": 1, "group": 2, "topic": 3}[need.resource]
 
-
-def _refused_entry(api_key: int, name: str, error: int) -> Msg:
-    if api_key == 19:
-        return {"name": name, "error_code": error, "error_message": None,
-                "num_partitions": -1, "replication_factor": -1}
-    if api_key == 20:
-        return {"name": name, "error_code": error, "error_message": None}
-    return {"key": name, "node_id": -1, "host": "", "port": -1, "error_code": error,
-            "error_message": None}

@@ -12,8 +12,9 @@ transactional_id and READ group; EndTxn WRITE transactional_id; TxnOffsetCommit 
 transactional_id, READ group and topic.
 
 ``Need`` is one check; ``whole`` answers a request refused as a whole, in the API's own
-shape and error. Produce, Metadata, CreateTopics, DeleteTopics and batched
-FindCoordinator are refused per entry by the filter itself (``policies.filters.acl``).
+shape and error. Produce and Metadata are handled by the filter itself
+(``policies.filters.acl``); CreateTopics, DeleteTopics, batched FindCoordinator and the
+admin APIs are refused entry by entry (``policies.filters.acl_admin``).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class AclApi:
     request: MessageSpec
     response: MessageSpec
     needs: Needs
-    whole: Whole | None = None  # None: refused per entry by the filter
+    whole: Whole | None = None  # None: Produce and Metadata, the filter's own
 
 
 def _spec(key: int) -> tuple[MessageSpec, MessageSpec]:
@@ -212,14 +213,6 @@ def _txn_commit_needs(m: Msg, v: int) -> list[Need]:
             Need("read", "group", m["group_id"]), *topics("read")(m)]
 
 
-def _create_needs(m: Msg, v: int) -> list[Need]:
-    return topics("create")(m)
-
-
-def _delete_needs(m: Msg, v: int) -> list[Need]:
-    return [Need("delete", "topic", n) for n in m.get("topic_names") or []]
-
-
 def _metadata_needs(m: Msg, v: int) -> list[Need]:
     return []  # decided on the response (and auto-creation on the request)
 
@@ -261,10 +254,6 @@ def _apis() -> dict[int, AclApi]:
                _error_only),
         AclApi(api_keys.LEAVE_GROUP, Versions(0, 5), leave_req, leave_resp, _group("read"),
                _error_only),
-        AclApi(19, Versions(0, 7), tt.CREATE_TOPICS_REQUEST, tt.CREATE_TOPICS_RESPONSE,
-               _create_needs),
-        AclApi(20, Versions(0, 5), tt.DELETE_TOPICS_REQUEST, tt.DELETE_TOPICS_RESPONSE,
-               _delete_needs),
         AclApi(22, Versions(0, 5), tg.INIT_PRODUCER_ID_REQUEST, tx.INIT_PRODUCER_ID_RESPONSE,
                _init_pid_needs, _init_pid_whole),
         AclApi(24, Versions(0, 3), tg.ADD_PARTITIONS_TO_TXN_REQUEST,

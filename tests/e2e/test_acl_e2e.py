@@ -2,7 +2,13 @@
 with SASL PLAIN, and confluent-kafka sees allow and deny for produce, consume (fetch and
 group), the Metadata listing and creating and deleting topics; denials reach the audit
 log; SIGHUP applies new ACLs, keeps the old ones on a bad entry, and a bad entry stops
-start-up with exit 2 and one line naming the key."""
+start-up with exit 2 and one line naming the key.
+
+The admin APIs, with confluent_kafka.admin.AdminClient: DescribeConfigs, DeleteRecords,
+ListGroups, DescribeGroups and DeleteGroups, each allowed and denied. tansu's limits:
+it does not offer CreatePartitions (so no client sends one: the denied path is sent as
+frames), and it drops the connection on a DeleteRecords (the allowed path shows the
+request went to the broker, not what the broker did with it)."""
 
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ USERS = """
 password = "alice-secret"
 [users.bob]
 password = "bob-secret"
+[users.carol]
+password = "carol-secret"
 """
 ACLS = f"""
 [[acls]]
@@ -55,6 +63,24 @@ principal = "User:bob"
 operations = ["READ"]
 resource = "topic"
 pattern = "ok-{RUN}-*"
+permission = "allow"
+[[acls]]
+principal = "User:alice"
+operations = ["DESCRIBE_CONFIGS"]
+resource = "topic"
+pattern = "ok-{RUN}-*"
+permission = "allow"
+[[acls]]
+principal = "User:alice"
+operations = ["DESCRIBE", "DELETE"]
+resource = "group"
+pattern = "adm-{RUN}-*"
+permission = "allow"
+[[acls]]
+principal = "User:carol"
+operations = ["DESCRIBE"]
+resource = "cluster"
+pattern = "kafka-cluster"
 permission = "allow"
 """
 
@@ -235,3 +261,186 @@ def test_a_bad_entry_stops_start_up(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "acls[0].permission" in lines[0], done.stderr
+
+
+# ---------------------------------------------------------------------- admin APIs
+
+
+def _code(future: Any) -> int | None:
+    """The error code a future from AdminClient fails with, None when it succeeds."""
+    from confluent_kafka import KafkaException
+    try:
+        future.result(20)
+    except KafkaException as exc:
+        return int(exc.args[0].code())
+    return None
+
+
+@pytest.fixture(scope="module")
+def groups(shared_tansu: TansuBroker) -> dict[str, str]:
+    """Groups made straight at the broker (committed offsets, no ACLs on the way): one
+    every user may describe (READ implies DESCRIBE), one alice may delete, one hidden."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+    topic = f"ok-{RUN}-groups"
+    backend = {"bootstrap.servers": shared_tansu.bootstrap}
+    admin = AdminClient(backend)  # held: a collected client fails its futures
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(20)
+    names = {"listed": f"app-{RUN}-listed", "deletable": f"adm-{RUN}-del",
+             "hidden": f"hidden-{RUN}"}
+    for group in names.values():
+        consumer = Consumer({**backend, "group.id": group, "enable.auto.commit": False})
+        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        consumer.close()
+    return names
+
+
+def test_describe_configs_per_resource(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+    kp, _ = proxy
+    assert _produce(kp, "alice", f"ok-{RUN}-configs") is None
+    admin = AdminClient(_ck(kp, "alice"))
+
+    def describe(kind: Any, name: str) -> int | None:
+        (future,) = admin.describe_configs([ConfigResource(kind, name)]).values()
+        return _code(future)
+
+    assert describe(ResourceType.TOPIC, f"ok-{RUN}-configs") is None
+    assert describe(ResourceType.TOPIC, f"no-{RUN}-configs") == \
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert describe(ResourceType.BROKER, "111") == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_delete_records_allowed_and_denied(proxy: tuple[KproxyProcess, Path]) -> None:
+    from confluent_kafka import KafkaError, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    kp, _ = proxy
+    topic = f"ok-{RUN}-records"
+    assert _produce(kp, "alice", topic) is None
+
+    def delete(user: str) -> int | None:
+        admin = AdminClient(_ck(kp, user, **{"socket.timeout.ms": 10000}))
+        (future,) = admin.delete_records([TopicPartition(topic, 0, 1)],
+                                         request_timeout=15).values()
+        return _code(future)
+
+    assert delete("bob") == KafkaError.TOPIC_AUTHORIZATION_FAILED  # READ only
+    # alice may DELETE: forwarded. tansu drops the connection on DeleteRecords, so the
+    # client sees a transport error (or, from a tansu that implements it, success).
+    assert delete("alice") in (None, KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
+
+
+def test_list_consumer_groups_shows_only_describable_groups(
+        proxy: tuple[KproxyProcess, Path], groups: dict[str, str]) -> None:
+    from confluent_kafka.admin import AdminClient
+    kp, _ = proxy
+
+    def listed(user: str) -> set[str]:
+        admin = AdminClient(_ck(kp, user))
+        result = admin.list_consumer_groups().result(20)
+        return {g.group_id for g in result.valid}
+
+    alice = listed("alice")
+    assert {groups["listed"], groups["deletable"]} <= alice
+    assert groups["hidden"] not in alice
+    assert all(g.startswith(("app-", f"adm-{RUN}-")) for g in alice), sorted(alice)
+    assert groups["hidden"] in listed("carol")  # DESCRIBE on the cluster: every group
+
+
+def test_describe_consumer_groups_denied(proxy: tuple[KproxyProcess, Path],
+                                        groups: dict[str, str]) -> None:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient
+    kp, _ = proxy
+    admin = AdminClient(_ck(kp, "alice"))
+    futures = admin.describe_consumer_groups([groups["listed"], groups["hidden"]])
+    assert futures[groups["listed"]].result(20).group_id == groups["listed"]
+    assert _code(futures[groups["hidden"]]) == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def test_delete_consumer_groups_allowed_and_denied(proxy: tuple[KproxyProcess, Path],
+                                                  groups: dict[str, str]) -> None:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient
+    kp, _ = proxy
+
+    def delete(user: str, group: str) -> int | None:
+        admin = AdminClient(_ck(kp, user))
+        return _code(admin.delete_consumer_groups([group])[group])
+
+    assert delete("bob", groups["deletable"]) == KafkaError.GROUP_AUTHORIZATION_FAILED
+    # alice may describe the group (READ) but not delete it: DeleteGroups itself refuses.
+    assert delete("alice", groups["listed"]) == KafkaError.GROUP_AUTHORIZATION_FAILED
+    assert delete("alice", groups["deletable"]) is None
+    admin = AdminClient(_ck(kp, "carol"))
+    _wait(lambda: groups["deletable"] not in {
+        g.group_id for g in admin.list_consumer_groups().result(20).valid})
+
+
+def _frames(port: int, frames: list[bytes], count: int) -> list[bytes]:
+    """Send request frames on one connection; the first ``count`` response frames."""
+    import socket
+
+    from kproxy.codecs.framing import FrameReader
+    reader = FrameReader()
+    out: list[bytes] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"".join(frames))
+        while len(out) < count:
+            data = sock.recv(65536)
+            assert data, "connection closed"
+            reader.feed(data)
+            while len(out) < count and (frame := reader.next_frame()) is not None:
+                out.append(bytes(frame))
+    return out
+
+
+def _frame(spec: Any, version: int, correlation_id: int, body: dict[str, Any]) -> bytes:
+    import struct
+
+    from kproxy.codecs.headers import RequestHeader, write_request_header
+    from kproxy.codecs.interpreter import encode_into
+    from kproxy.codecs.primitives import Writer
+    w = Writer()
+    write_request_header(w, RequestHeader(spec.api_key, version, correlation_id, "raw"))
+    encode_into(spec, version, body, w)
+    return struct.pack(">i", len(w.getvalue())) + w.getvalue()
+
+
+def _body(spec: Any, version: int, frame: bytes) -> dict[str, Any]:
+    from kproxy.codecs.headers import read_response_header
+    from kproxy.codecs.interpreter import decode_from
+    from kproxy.codecs.primitives import Reader
+    r = Reader(frame)
+    read_response_header(r, spec.api_key, version)
+    return decode_from(spec, version, r)
+
+
+def test_create_partitions_denied_and_describe_groups_merged_on_the_wire(
+        proxy: tuple[KproxyProcess, Path], groups: dict[str, str]) -> None:
+    """Frames, logged in as bob: CreatePartitions (tansu does not offer it, so no client
+    sends it) is answered by the proxy, 29; a DescribeGroups naming a describable and
+    a hidden group reaches tansu with the first only and comes back with both."""
+    from kproxy.codecs.schemas import sasl
+    from kproxy.codecs.schemas import tenancy_groups as tg
+    from kproxy.codecs.schemas import tenancy_topics as tt
+    kp, _ = proxy
+    frames = _frames(kp.bootstrap_port, [
+        _frame(sasl.HANDSHAKE_REQUEST, 1, 1, {"mechanism": "PLAIN"}),
+        _frame(sasl.AUTHENTICATE_REQUEST, 2, 2, {"auth_bytes": b"\0bob\0bob-secret"}),
+        _frame(tt.CREATE_PARTITIONS_REQUEST, 3, 3, {"topics": [
+            {"name": f"ok-{RUN}-groups", "count": 2, "assignments": None}],
+            "timeout_ms": 5000}),
+        _frame(tg.DESCRIBE_GROUPS_REQUEST, 5, 4, {"groups": [groups["listed"],
+                                                             groups["hidden"]]}),
+    ], 4)
+    assert _body(sasl.AUTHENTICATE_RESPONSE, 2, frames[1])["error_code"] == 0
+    created = _body(tt.CREATE_PARTITIONS_RESPONSE, 3, frames[2])
+    assert [(r["name"], r["error_code"]) for r in created["results"]] == [
+        (f"ok-{RUN}-groups", 29)]
+    described = _body(tg.DESCRIBE_GROUPS_RESPONSE, 5, frames[3])
+    got = {g["group_id"]: (g["error_code"], g["group_state"]) for g in described["groups"]}
+    assert got == {groups["listed"]: (0, got[groups["listed"]][1]),
+                   groups["hidden"]: (30, "")}
+    assert got[groups["listed"]][1] != ""  # the broker's answer: a state (Empty)

@@ -18,6 +18,7 @@ from kproxy.policies.addressing import PortMap
 from kproxy.policies.auth.acl import parse_acls
 from kproxy.policies.connection import Answer, Close, ConnectionState, Forward
 from kproxy.policies.filters.acl import AclFilter, principal_of
+from kproxy.policies.filters.acl_admin import ENTRY_APIS
 from kproxy.policies.filters.acl_apis import APIS
 from kproxy.policies.filters.chain import DecisionCounts, FilterChain
 from kproxy.policies.handlers import builtin_filters
@@ -52,10 +53,15 @@ def _setup(principal: str | None = "alice") -> tuple[AclFilter, ConnectionState,
     return flt, conn, denials
 
 
+def _api(key: int) -> Any:
+    """The schemas of an API the filter checks, whole or per entry."""
+    return APIS.get(key) or ENTRY_APIS[key]
+
+
 def _frame(key: int, version: int, body: dict[str, Any], corr: int = 7) -> bytes:
     w = Writer()
     write_request_header(w, RequestHeader(key, version, corr, "t"))
-    encode_into(APIS[key].request, version, body, w)
+    encode_into(_api(key).request, version, body, w)
     return w.getvalue()
 
 
@@ -67,7 +73,7 @@ def _call(flt: AclFilter, conn: ConnectionState, frame: bytes) -> Any:
 def _resp(key: int, version: int, frame: bytes) -> dict[str, Any]:
     r = Reader(frame)
     read_response_header(r, key, version)
-    return decode_from(APIS[key].response, version, r)
+    return decode_from(_api(key).response, version, r)
 
 
 def test_principal_format() -> None:
@@ -238,7 +244,7 @@ def _encoded(key: int, version: int, body: dict[str, Any]) -> bytes:
     from kproxy.codecs.headers import ResponseHeader, write_response_header
     w = Writer()
     write_response_header(w, ResponseHeader(7), key, version)
-    encode_into(APIS[key].response, version, body, w)
+    encode_into(_api(key).response, version, body, w)
     return w.getvalue()
 
 
@@ -290,12 +296,12 @@ def test_idempotent_producer_needs_write_on_some_topic() -> None:
 def test_unlisted_apis_close_and_are_hidden_from_api_versions() -> None:
     flt, conn, _ = _setup()
     w = Writer()
-    write_request_header(w, RequestHeader(44, 0, 1, "t"))  # IncrementalAlterConfigs
+    write_request_header(w, RequestHeader(29, 1, 1, "t"))  # DescribeAcls: the broker's ACLs
     assert isinstance(_call(flt, conn, w.getvalue()), Close)
     resp = encode_response_parts(api_keys.API_VERSIONS, 3, 1, {"error_code": 0, "api_keys": [
         {"api_key": 0, "min_version": 0, "max_version": 13},
         {"api_key": 1, "min_version": 0, "max_version": 17},
-        {"api_key": 44, "min_version": 0, "max_version": 1},
+        {"api_key": 29, "min_version": 0, "max_version": 3},
         {"api_key": 18, "min_version": 0, "max_version": 4}]})
     out = flt.on_response(conn, api_keys.API_VERSIONS, 3, memoryview(resp))
     assert out is not None

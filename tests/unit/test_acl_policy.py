@@ -57,3 +57,20 @@ def test_no_rules_allow_everything() -> None:
 def test_bad_tables_are_named(entries: object, message: str) -> None:
     with pytest.raises(AclError, match=message):
         parse_acls(entries)
+
+
+def test_alter_configs_implies_describe_configs_and_only_an_allow_implies() -> None:
+    acls = parse_acls([
+        {"principal": "ops", "operations": ["alter_configs"], "resource": "topic",
+         "pattern": "*", "permission": "allow"},
+        {"principal": "ops", "operations": ["describe_configs"], "resource": "topic",
+         "pattern": "locked", "permission": "deny"},
+        {"principal": "ops", "operations": ["alter_configs"], "resource": "topic",
+         "pattern": "open", "permission": "deny"},
+    ])
+    assert acls.allowed("ops", "describe_configs", "topic", "t")
+    assert not acls.allowed("ops", "describe_configs", "topic", "locked")  # deny wins
+    # As Kafka: a DENY of ALTER_CONFIGS does not deny the DESCRIBE_CONFIGS it would imply.
+    assert acls.allowed("ops", "describe_configs", "topic", "open")
+    assert not acls.allowed("ops", "describe", "topic", "t")  # not DESCRIBE
+    assert not acls.allowed("other", "describe_configs", "topic", "t")
