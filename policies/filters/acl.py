@@ -12,9 +12,12 @@ either. Decisions come from ``policies.auth.acl`` (default deny, deny wins).
   named and may not describe comes back with 29. Auto-creation is turned off (v4+)
   when the principal may not CREATE a named topic.
 - CreateTopics and DeleteTopics, batched FindCoordinator: per entry, the rest forwarded.
+- Fetch, ListOffsets, OffsetForLeaderEpoch, OffsetCommit, TxnOffsetCommit, OffsetFetch:
+  a denied topic's partitions get 29 and the rest is forwarded (``acl_partitions``);
+  a denied group (batched OffsetFetch: per group), transactional id or follower fetch
+  refuses the whole request.
 - Every other API of ``acl_apis.APIS``: refused as a whole with its error (29, 30, 31
-  or 53) when any of its checks fails. Fetch is refused as a whole too (every partition
-  gets 29): splitting a fetch session's partitions would desynchronise it.
+  or 53) when any of its checks fails.
 - APIs not in that table (admin APIs, share groups, KIP-848 heartbeats, ...) are
   removed from ApiVersions and a request for one closes the connection (fail closed).
 
@@ -45,6 +48,7 @@ from kproxy.policies.api_versions import offer_only
 from kproxy.policies.auth.acl import Acls
 from kproxy.policies.connection import Answer, Close, ConnectionState, Forward, RequestDecision
 from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TOPIC_DENIED, TXN_DENIED, Need, offered
+from kproxy.policies.filters.acl_partitions import split
 from kproxy.policies.filters.api import Filter
 from kproxy.policies.filters.record_validation import refuse_partitions
 
@@ -52,6 +56,7 @@ ANONYMOUS = "User:ANONYMOUS"
 ANY = Versions(0, MAX_VERSION)
 DenyFn = Callable[[dict[str, Any]], None]
 Msg = dict[str, Any]
+Then = Callable[[memoryview, int], bytes]
 
 
 def principal_of(conn: ConnectionState) -> str:
@@ -133,7 +138,7 @@ class AclFilter(Filter):
         return False
 
     def denied(self, conn: ConnectionState, needs: list[Need], api: str) -> list[Need]:
-        out = [n for n in needs if not self.allowed(conn, n)]
+        out = [n for n in dict.fromkeys(needs) if not self.allowed(conn, n)]
         for need in out[:8]:  # a request naming thousands of topics: a few lines
             self._report(conn, api, need)
         return out
@@ -166,6 +171,9 @@ class AclFilter(Filter):
         if key in (19, 20) or (key == api_keys.FIND_COORDINATOR and version >= 4):
             return self._per_entry(conn, peek, body, head, end, msg)
         denied = self.denied(conn, api.needs(msg, version), name)
+        if api.layout is not None and all(api.layout.splits(n.resource, version)
+                                          for n in denied):
+            return self._split(conn, peek, body, head, end, msg, denied)
         if not denied:
             return None
         assert api.whole is not None
@@ -256,13 +264,32 @@ class AclFilter(Filter):
             return Answer(answer(api.response, version, peek.correlation_id,
                                  {out_field: entries}))
 
-        def merge(resp: memoryview, v: int) -> bytes:
-            rhead, rmsg = _decode_response(api.response, v, resp)
-            rmsg[out_field] = list(rmsg.get(out_field) or []) + entries
-            return _with_body(resp, rhead, api.response, v, rmsg)
+        def merge(rmsg: Msg) -> Msg:
+            return {**rmsg, out_field: list(rmsg.get(out_field) or []) + entries}
 
         del out_key
-        return Forward(_reencode(body, head, end, api.request, version, msg), version, merge)
+        return Forward(_reencode(body, head, end, api.request, version, msg), version,
+                       _merging(api.response, merge))
+
+    def _split(self, conn: ConnectionState, peek: RequestPeek, body: memoryview, head: int,
+               end: int, msg: Msg, denied: list[Need]) -> RequestDecision:
+        """The data APIs (``acl_partitions``): denied topics' partitions (batched
+        OffsetFetch: denied groups) answered here, the rest forwarded, both merged."""
+        version, api = peek.api_version, APIS[peek.api_key]
+        layout = api.layout
+        assert layout is not None
+
+        def allowed(topic: str) -> bool:
+            return self.allowed(conn, Need(layout.operation, "topic", topic))
+
+        plan = split(layout, msg, version, *_names(denied), allowed)
+        if plan is None:
+            return None
+        if not plan.left:
+            return Answer(answer(api.response, version, peek.correlation_id, plan.merged(None)))
+        sent = _reencode(body, head, end, api.request, version, msg) if plan.changed \
+            else bytes(body)
+        return Forward(sent, version, _merging(api.response, plan.merged))
 
     # ------------------------------------------------------------------ responses
 
@@ -277,6 +304,20 @@ class AclFilter(Filter):
             return None  # a v0 error answer (version unknown): it lists ApiVersions only
         offer_only(msg, offered)
         return _with_body(body, head, spec, api_version, msg)
+
+
+def _merging(spec: MessageSpec, merge: Callable[[Msg], Msg]) -> Then:
+    """A ``Forward.then`` that decodes the broker's response, merges, and encodes it."""
+    def then(resp: memoryview, version: int) -> bytes:
+        head, msg = _decode_response(spec, version, resp)
+        return _with_body(resp, head, spec, version, merge(msg))
+    return then
+
+
+def _names(denied: list[Need]) -> tuple[frozenset[str], frozenset[str]]:
+    """The denied topics and groups."""
+    return (frozenset(n.name for n in denied if n.resource == "topic"),
+            frozenset(n.name for n in denied if n.resource == "group"))
 
 
 def _rank(need: Need) -> int:
