@@ -14,9 +14,12 @@ either. Decisions come from ``policies.auth.acl`` (default deny, deny wins).
 - CreateTopics, DeleteTopics, batched FindCoordinator and the admin APIs of
   ``acl_admin.ENTRY_APIS``: per entry, the rest forwarded and the results merged;
   ListGroups (``acl_admin.LISTINGS``): the response keeps the describable groups.
+- Fetch, ListOffsets, OffsetForLeaderEpoch, OffsetCommit, TxnOffsetCommit, OffsetFetch:
+  a denied topic's partitions get 29 and the rest is forwarded (``acl_partitions``);
+  a denied group (batched OffsetFetch: per group), transactional id or follower fetch
+  refuses the whole request.
 - Every other API of ``acl_apis.APIS``: refused as a whole with its error (29, 30, 31
-  or 53) when any of its checks fails. Fetch is refused as a whole too (every partition
-  gets 29): splitting a fetch session's partitions would desynchronise it.
+  or 53) when any of its checks fails.
 - APIs in neither (the ACL and quota admin APIs, share groups, KIP-848 heartbeats, ...)
   are removed from ApiVersions and a request for one closes the connection (fail closed).
 
@@ -58,6 +61,7 @@ from kproxy.policies.filters.acl_admin import (
     refuse,
 )
 from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TOPIC_DENIED, TXN_DENIED, Need
+from kproxy.policies.filters.acl_partitions import split
 from kproxy.policies.filters.api import Filter
 from kproxy.policies.filters.record_validation import refuse_partitions
 
@@ -65,6 +69,7 @@ ANONYMOUS = "User:ANONYMOUS"
 ANY = Versions(0, MAX_VERSION)
 DenyFn = Callable[[dict[str, Any]], None]
 Msg = dict[str, Any]
+Then = Callable[[memoryview, int], bytes]
 
 
 def principal_of(conn: ConnectionState) -> str:
@@ -147,7 +152,7 @@ class AclFilter(Filter):
         return False
 
     def denied(self, conn: ConnectionState, needs: list[Need], api: str) -> list[Need]:
-        out = [n for n in needs if not self.allowed(conn, n)]
+        out = [n for n in dict.fromkeys(needs) if not self.allowed(conn, n)]
         for need in out[:8]:  # a request naming thousands of topics: a few lines
             self._report(conn, api, need)
         return out
@@ -183,6 +188,9 @@ class AclFilter(Filter):
         if key == api_keys.METADATA:
             return self._metadata(conn, body, head, end, msg, version)
         denied = self.denied(conn, api.needs(msg, version), name)
+        if api.layout is not None and all(api.layout.splits(n.resource, version)
+                                          for n in denied):
+            return self._split(conn, peek, body, head, end, msg, denied)
         if not denied:
             return None
         assert api.whole is not None
@@ -265,12 +273,32 @@ class AclFilter(Filter):
             return Answer(answer(api.response, version, peek.correlation_id,
                                  {api.out_field: results}))
 
-        def then(resp: memoryview, v: int) -> bytes:
-            rhead, rmsg = _decode_response(api.response, v, resp)
+        def merged(rmsg: Msg) -> Msg:
             merge(api, rmsg, results)
-            return _with_body(resp, rhead, api.response, v, rmsg)
+            return rmsg
 
-        return Forward(_reencode(body, head, end, api.request, version, msg), version, then)
+        return Forward(_reencode(body, head, end, api.request, version, msg), version,
+                       _merging(api.response, merged))
+
+    def _split(self, conn: ConnectionState, peek: RequestPeek, body: memoryview, head: int,
+               end: int, msg: Msg, denied: list[Need]) -> RequestDecision:
+        """The data APIs (``acl_partitions``): denied topics' partitions (batched
+        OffsetFetch: denied groups) answered here, the rest forwarded, both merged."""
+        version, api = peek.api_version, APIS[peek.api_key]
+        layout = api.layout
+        assert layout is not None
+
+        def allowed(topic: str) -> bool:
+            return self.allowed(conn, Need(layout.operation, "topic", topic))
+
+        plan = split(layout, msg, version, *_names(denied), allowed)
+        if plan is None:
+            return None
+        if not plan.left:
+            return Answer(answer(api.response, version, peek.correlation_id, plan.merged(None)))
+        sent = _reencode(body, head, end, api.request, version, msg) if plan.changed \
+            else bytes(body)
+        return Forward(sent, version, _merging(api.response, plan.merged))
 
     def _listing(self, conn: ConnectionState, body: memoryview, version: int,
                  listing: Listing) -> RequestDecision:
@@ -278,12 +306,11 @@ class AclFilter(Filter):
         if listing.unless is not None and self.allowed(conn, listing.unless):
             return None
 
-        def then(resp: memoryview, v: int) -> bytes:
-            head, msg = _decode_response(listing.response, v, resp)
+        def kept(msg: Msg) -> Msg:
             keep(listing, msg, lambda need: self.allowed(conn, need))
-            return _with_body(resp, head, listing.response, v, msg)
+            return msg
 
-        return Forward(bytes(body), version, then)
+        return Forward(bytes(body), version, _merging(listing.response, kept))
 
     # ------------------------------------------------------------------ responses
 
@@ -298,6 +325,20 @@ class AclFilter(Filter):
             return None  # a v0 error answer (version unknown): it lists ApiVersions only
         offer_only(msg, offered)
         return _with_body(body, head, spec, api_version, msg)
+
+
+def _merging(spec: MessageSpec, merge: Callable[[Msg], Msg]) -> Then:
+    """A ``Forward.then`` that decodes the broker's response, merges, and encodes it."""
+    def then(resp: memoryview, version: int) -> bytes:
+        head, msg = _decode_response(spec, version, resp)
+        return _with_body(resp, head, spec, version, merge(msg))
+    return then
+
+
+def _names(denied: list[Need]) -> tuple[frozenset[str], frozenset[str]]:
+    """The denied topics and groups."""
+    return (frozenset(n.name for n in denied if n.resource == "topic"),
+            frozenset(n.name for n in denied if n.resource == "group"))
 
 
 def _rank(need: Need) -> int:

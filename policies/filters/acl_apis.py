@@ -4,7 +4,7 @@ Kafka's mapping of API to operation and resource (facts from Kafka's broker): Pr
 WRITE topic (and WRITE transactional_id); Fetch READ topic (a follower's CLUSTER_ACTION
 cluster); ListOffsets, OffsetForLeaderEpoch and Metadata DESCRIBE topic; JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup and OffsetCommit READ group (OffsetCommit READ topic
-too); OffsetFetch DESCRIBE group; FindCoordinator DESCRIBE of the group or
+too); OffsetFetch DESCRIBE group and topic; FindCoordinator DESCRIBE of the group or
 transactional id; CreateTopics CREATE cluster or topic; DeleteTopics DELETE topic;
 InitProducerId WRITE transactional_id (without one IDEMPOTENT_WRITE cluster, or WRITE on
 some topic); AddPartitionsToTxn WRITE transactional_id and topic; AddOffsetsToTxn WRITE
@@ -14,7 +14,8 @@ transactional_id, READ group and topic.
 ``Need`` is one check; ``whole`` answers a request refused as a whole, in the API's own
 shape and error. Produce and Metadata are handled by the filter itself
 (``policies.filters.acl``); CreateTopics, DeleteTopics, batched FindCoordinator and the
-admin APIs are refused entry by entry (``policies.filters.acl_admin``).
+admin APIs are refused entry by entry (``policies.filters.acl_admin``); the data APIs
+with a ``layout`` per partition (``policies.filters.acl_partitions``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kproxy.codecs.schemas import tenancy_groups as tg
 from kproxy.codecs.schemas import tenancy_topics as tt
 from kproxy.codecs.schemas import txn_responses as tx
 from kproxy.policies.api_versions import NAMELESS
+from kproxy.policies.filters.acl_partitions import Layout
 
 TOPIC_DENIED = 29
 GROUP_DENIED = 30
@@ -68,6 +70,7 @@ class AclApi:
     response: MessageSpec
     needs: Needs
     whole: Whole | None = None  # None: Produce and Metadata, the filter's own
+    layout: Layout | None = None  # topics refused per partition (``acl_partitions``)
 
 
 def _spec(key: int) -> tuple[MessageSpec, MessageSpec]:
@@ -81,69 +84,53 @@ def topics(op: str, field: str = "topics", name: str = "name") -> Callable[[Msg]
                       if t.get(name) is not None]
 
 
-def _parts(m: Msg, field: str, name: str, parts: str, index: str, out_index: str,
-           error: int, extra: Msg | None = None) -> list[Msg]:
-    """Mirror a request's topics and partitions as error entries."""
-    out = []
-    for t in m.get(field) or []:
-        entries = []
-        for p in t.get(parts) or []:
-            idx = p if isinstance(p, int) else p[index]
-            entries.append({out_index: idx, "error_code": error, **(extra or {})})
-        out.append({"t": t[name], "p": entries})
-    return out
-
-
 def _fetch_needs(m: Msg, v: int) -> list[Need]:
     if m.get("replica_id", -1) >= 0:
         return [Need("cluster_action", "cluster", CLUSTER)]
     return topics("read", "topics", "topic")(m)
 
 
-def _fetch_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
-    return {"error_code": 0, "session_id": 0, "responses": [
-        {"topic": e["t"], "partitions": e["p"]} for e in
-        _parts(m, "topics", "topic", "partitions", "partition", "partition_index", err,
-               {"high_watermark": -1, "records": None})]}
-
-
-def _list_offsets_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
-    return {"topics": [{"name": e["t"], "partitions": e["p"]} for e in
-                       _parts(m, "topics", "name", "partitions", "partition_index",
-                              "partition_index", err)]}
-
-
-def _epoch_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
-    return {"topics": [{"topic": e["t"], "partitions": e["p"]} for e in
-                       _parts(m, "topics", "topic", "partitions", "partition",
-                              "partition", err)]}
+def _whole(layout: Layout, fixed: int | None = None) -> Whole:
+    """Every partition refused, with the check's error (or Kafka's ``fixed`` one)."""
+    def whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
+        return layout.whole(m, fixed or err)
+    return whole
 
 
 def _commit_needs(m: Msg, v: int) -> list[Need]:
     return [Need("read", "group", m["group_id"]), *topics("read")(m)]
 
 
-def _commit_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
-    return {"topics": [{"name": e["t"], "partitions": e["p"]} for e in
-                       _parts(m, "topics", "name", "partitions", "partition_index",
-                              "partition_index", err)]}
-
-
 def _offset_fetch_needs(m: Msg, v: int) -> list[Need]:
     if v >= 8:
-        return [Need("describe", "group", g["group_id"]) for g in m.get("groups") or []]
-    return [Need("describe", "group", m["group_id"])]
+        groups = m.get("groups") or []
+        return [*(Need("describe", "group", g["group_id"]) for g in groups),
+                *(n for g in groups for n in topics("describe")(g))]
+    return [Need("describe", "group", m["group_id"]), *topics("describe")(m)]
 
 
 def _offset_fetch_whole(m: Msg, v: int, err: int, bad: frozenset[str] = NONE) -> Msg:
-    if v >= 8:
-        return {"groups": [{"group_id": g["group_id"], "topics": [], "error_code": err}
-                           for g in m.get("groups") or []]}
-    topics_ = [{"name": t["name"], "partitions": [
-        {"partition_index": i, "committed_offset": -1, "committed_metadata": "",
-         "error_code": err} for i in t.get("partition_indexes") or []]}
-        for t in m.get("topics") or []]
-    return {"topics": topics_, "error_code": err}
+    """v0-7 (a refused group at v8+ is answered per group): the error at the top level
+    (v2+) and in every partition named."""
+    return {**OFFSET_FETCH.whole(m, err), "error_code": err}
+
+
+# Where the data APIs keep topics and partitions, and a refused partition's entry
+# (Kafka's: FetchResponse.partitionResponse, ListOffsets' UNKNOWN offset and timestamp,
+# OffsetFetch's UNAUTHORIZED_PARTITION). Fetch's records are empty, not null:
+# librdkafka fails a whole response on a null partition record set.
+FETCH = Layout("read", name="topic", index="partition", out_topics="responses",
+               entry={"high_watermark": -1, "last_stable_offset": -1,
+                      "log_start_offset": -1, "aborted_transactions": None,
+                      "preferred_read_replica": -1, "records": b""},
+               forgotten="forgotten_topics_data", session="session_id")
+LIST_OFFSETS = Layout("describe", entry={"timestamp": -1, "offset": -1, "leader_epoch": -1})
+EPOCHS = Layout("describe", name="topic", index="partition", out_index="partition",
+                entry={"leader_epoch": -1, "end_offset": -1})
+COMMIT = Layout("read")
+OFFSET_FETCH = Layout("describe", partitions="partition_indexes", index=None,
+                      entry={"committed_offset": -1, "committed_leader_epoch": -1,
+                             "metadata": ""}, groups_from=8)
 
 
 def _group(op: str) -> Needs:
@@ -232,18 +219,19 @@ def _apis() -> dict[int, AclApi]:
         AclApi(api_keys.PRODUCE, Versions(0, 12), tt.PRODUCE_REQUEST, produce_resp,
                lambda m, v: []),
         AclApi(api_keys.FETCH, Versions(4, 12), tt.FETCH_REQUEST, fetch_resp, _fetch_needs,
-               _fetch_whole),
+               _whole(FETCH, TOPIC_DENIED), FETCH),  # Kafka: 29 for a follower too
         AclApi(api_keys.LIST_OFFSETS, Versions(0, 9), tt.LIST_OFFSETS_REQUEST,
                tt.LIST_OFFSETS_RESPONSE, lambda m, v: topics("describe")(m),
-               _list_offsets_whole),
+               _whole(LIST_OFFSETS), LIST_OFFSETS),
         AclApi(23, Versions(0, 4), tt.OFFSET_FOR_LEADER_EPOCH_REQUEST,
                tt.OFFSET_FOR_LEADER_EPOCH_RESPONSE,
-               lambda m, v: topics("describe", "topics", "topic")(m), _epoch_whole),
+               lambda m, v: topics("describe", "topics", "topic")(m), _whole(EPOCHS),
+               EPOCHS),
         AclApi(api_keys.METADATA, Versions(0, 13), md_req, md_resp, _metadata_needs),
         AclApi(api_keys.OFFSET_COMMIT, Versions(0, 9), commit_req, commit_resp,
-               _commit_needs, _commit_whole),
+               _commit_needs, _whole(COMMIT), COMMIT),
         AclApi(api_keys.OFFSET_FETCH, Versions(0, 9), ofetch_req, ofetch_resp,
-               _offset_fetch_needs, _offset_fetch_whole),
+               _offset_fetch_needs, _offset_fetch_whole, OFFSET_FETCH),
         AclApi(api_keys.FIND_COORDINATOR, Versions(0, 6), coord_req, coord_resp,
                _coordinator_needs, _coordinator_whole),
         AclApi(api_keys.JOIN_GROUP, Versions(0, 9), join_req, join_resp, _group("read"),
@@ -263,7 +251,7 @@ def _apis() -> dict[int, AclApi]:
         AclApi(26, Versions(0, 3), tg.END_TXN_REQUEST, tx.END_TXN_RESPONSE, _end_txn_needs,
                _error_only),
         AclApi(28, Versions(0, 3), tg.TXN_OFFSET_COMMIT_REQUEST,
-               tg.TXN_OFFSET_COMMIT_RESPONSE, _txn_commit_needs, _commit_whole),
+               tg.TXN_OFFSET_COMMIT_RESPONSE, _txn_commit_needs, _whole(COMMIT), COMMIT),
     )}
 
 

@@ -1,8 +1,9 @@
 """ACLs enforced at a running `kproxy run` (two workers) in front of tansu: users log in
 with SASL PLAIN, and confluent-kafka sees allow and deny for produce, consume (fetch and
-group), the Metadata listing and creating and deleting topics; denials reach the audit
-log; SIGHUP applies new ACLs, keeps the old ones on a bad entry, and a bad entry stops
-start-up with exit 2 and one line naming the key.
+group), the Metadata listing and creating and deleting topics, per-partition answers
+for a consumer of an allowed and a denied topic (fetch, commit, committed offsets);
+denials reach the audit log; SIGHUP applies new ACLs, keeps the old ones on a bad
+entry, and a bad entry stops start-up with exit 2 and one line naming the key.
 
 The admin APIs, with confluent_kafka.admin.AdminClient: DescribeConfigs, DeleteRecords,
 ListGroups, DescribeGroups and DeleteGroups, each allowed and denied. tansu's limits:
@@ -38,6 +39,8 @@ password = "alice-secret"
 password = "bob-secret"
 [users.carol]
 password = "carol-secret"
+[users.dave]
+password = "dave-secret"
 """
 ACLS = f"""
 [[acls]]
@@ -81,6 +84,18 @@ principal = "User:carol"
 operations = ["DESCRIBE"]
 resource = "cluster"
 pattern = "kafka-cluster"
+permission = "allow"
+[[acls]]
+principal = "User:bob"
+operations = ["DESCRIBE"]
+resource = "topic"
+pattern = "ro-{RUN}-*"
+permission = "allow"
+[[acls]]
+principal = "User:dave"
+operations = ["WRITE", "CREATE"]
+resource = "topic"
+pattern = "ro-{RUN}-*"
 permission = "allow"
 """
 
@@ -127,11 +142,12 @@ def _wait(cond: Callable[[], Any], timeout: float = 20) -> Any:
     raise AssertionError("condition not met in time")
 
 
-def _produce(kp: KproxyProcess, user: str, topic: str) -> Any:
+def _produce(kp: KproxyProcess, user: str, topic: str, **where: int) -> Any:
     from confluent_kafka import Producer
     producer = Producer(_ck(kp, user, **{"message.timeout.ms": 10000}))
     results: list[Any] = []
-    producer.produce(topic, b'{"n": 1}', on_delivery=lambda err, _m: results.append(err))
+    producer.produce(topic, b'{"n": 1}', on_delivery=lambda err, _m: results.append(err),
+                     **where)
     producer.flush(15)
     return results[0] if results else "no delivery report"
 
@@ -185,6 +201,64 @@ def test_consume_needs_topic_and_group(proxy: tuple[KproxyProcess, Path]) -> Non
     assert consume("bob", f"app-{RUN}")[0] == [b'{"n": 1}']
     _, errors = consume("bob", f"other-{RUN}")
     assert KafkaError.GROUP_AUTHORIZATION_FAILED in errors
+
+
+def test_a_denied_partition_does_not_stop_the_allowed_one(
+        proxy: tuple[KproxyProcess, Path]) -> None:
+    """bob may READ ok-*, only DESCRIBE ro-*: fetching both, the allowed partition keeps
+    delivering while the denied one reports TOPIC_AUTHORIZATION_FAILED (per partition, as
+    Kafka's broker answers); committing both commits the allowed one only."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as TP
+    kp, _ = proxy
+    ok, ro = f"ok-{RUN}-split", f"ro-{RUN}-split"
+    assert _produce(kp, "alice", ok, partition=0) is None
+    assert _produce(kp, "dave", ro, partition=0) is None
+    consumer = Consumer(_ck(kp, "bob", **{"group.id": f"app-{RUN}-split",
+                                          "enable.auto.commit": False,
+                                          "session.timeout.ms": 6000}))
+    consumer.assign([TP(ok, 0, OFFSET_BEGINNING), TP(ro, 0, OFFSET_BEGINNING)])
+    values: list[tuple[str, bytes]] = []
+    errors: set[int] = set()
+
+    def poll_until(cond: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 30
+        for _ in range(600):
+            if cond() or time.monotonic() > deadline:
+                break
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                values.append((msg.topic(), msg.value()))
+            elif msg is not None:
+                errors.add(msg.error().code())
+        assert cond(), (values, errors)
+
+    try:
+        poll_until(lambda: len(values) == 1
+                   and KafkaError.TOPIC_AUTHORIZATION_FAILED in errors)
+        assert values == [(ok, b'{"n": 1}')]
+        assert _produce(kp, "alice", ok, partition=0) is None  # and it keeps receiving
+        poll_until(lambda: len(values) == 2)
+        assert [t for t, _ in values] == [ok, ok]
+
+        try:
+            result = consumer.commit(offsets=[TP(ok, 0, 2), TP(ro, 0, 1)],
+                                     asynchronous=False)
+            codes = {tp.topic: tp.error.code() if tp.error else 0 for tp in result or []}
+        except KafkaException as exc:  # a partition's error raised as the commit's
+            codes = {ro: exc.args[0].code()}
+        assert codes.get(ro) == KafkaError.TOPIC_AUTHORIZATION_FAILED, codes
+        assert codes.get(ok, 0) == 0
+        committed = {tp.topic: tp for tp in consumer.committed([TP(ok, 0), TP(ro, 0)],
+                                                               timeout=15)}
+        assert committed[ok].offset == 2 and committed[ok].error is None
+        assert committed[ro].offset < 0  # never committed
+        # OffsetFetch of a topic bob may not describe: 29 for its partition.
+        hidden = consumer.committed([TP(f"no-{RUN}-hidden", 0)], timeout=15)[0]
+        assert hidden.error is not None
+        assert hidden.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        consumer.close()
 
 
 def test_metadata_lists_only_describable_topics(proxy: tuple[KproxyProcess, Path]) -> None:
