@@ -221,6 +221,15 @@ class FrameReader:
         return Frame(out, 0, total)
 
     def wire_frames(self) -> list[Frame]:
+        chunks = self._chunks
+        if len(chunks) == 1 and not self._pos and self._frame is None:
+            # The usual small request or response: one chunk received, one frame exactly.
+            head = chunks[0]
+            n = len(head)
+            if n >= 4 and _SIZE.unpack_from(head)[0] + 4 == n and n - 4 <= self.max_frame_bytes:
+                chunks.clear()
+                self._buffered = 0
+                return [Frame(head, 0, n)]
         out: list[Frame] = []
         while (frame := self.next_wire()) is not None:
             out.append(frame)

@@ -223,8 +223,12 @@ class AddressResponse:
                  body: memoryview) -> Handled:
         shared = conn.shared
         result = rewrite_response_frame(self.api_key, api_version, body, shared.port_map)
-        return Handled(result.frame, result.seen,
-                       shared.learn(result.seen, conn.connected_epoch))
+        seen = result.seen
+        if not (seen.nodes or seen.out_of_range or seen.complete):
+            # No broker named (a Produce or Fetch response without NodeEndpoints, the
+            # usual case): nothing about the backend for the shell to take in.
+            return Handled(result.frame)
+        return Handled(result.frame, seen, shared.learn(seen, conn.connected_epoch))
 
 
 class SaslAuthenticateResponse:

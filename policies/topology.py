@@ -63,6 +63,10 @@ class BackendView:
         address or the cluster id changed; racks alone do not count.
         """
         before = self.nodes
+        if (not cluster_id or cluster_id == self.cluster_id) and (
+                nodes == before if complete
+                else all(before.get(n) == a for n, a in nodes.items())):
+            return None  # what the view holds already, racks too: a steady cluster's answer
         after = dict(nodes) if complete else {**before, **nodes}
         added = {n: a for n, a in after.items() if n not in before}
         removed = {n: a for n, a in before.items() if n not in after}

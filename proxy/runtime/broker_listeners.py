@@ -38,6 +38,8 @@ class BrokerListeners:
         self.closed = False  # draining: open no more
         self._nursery: trio.Nursery | None = None
         self._serve: Serve | None = None
+        # The broker set and port map the listeners last matched exactly.
+        self._synced: tuple[object, object] = (None, None)
 
     def start(self, nursery: trio.Nursery, serve: Serve) -> None:
         self._nursery, self._serve = nursery, serve
@@ -47,9 +49,15 @@ class BrokerListeners:
         pm = self.state.port_map
         if pm.sni is not None:
             return
-        wanted = {n for n in self.state.view.nodes if pm.in_range(n)}
-        if wanted == self.scopes.keys():
+        nodes = self.state.view.nodes
+        if nodes is self._synced[0] and pm is self._synced[1]:
             return  # every Metadata response lands here: the usual case is no change
+        wanted = {n for n in nodes if pm.in_range(n)}
+        if wanted == self.scopes.keys():
+            # In step with this broker set and port map (the view replaces its set when
+            # it changes): nothing to look at again until one of them does.
+            self._synced = (nodes, pm)
+            return
         for node_id in sorted(set(self.scopes) - wanted):
             self.scopes.pop(node_id).cancel()
             log.info("closed listener for departed broker", extra={"fields": {

@@ -30,7 +30,7 @@ from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
 from kproxy.codecs.peek import peek_correlation_id, peek_request
 from kproxy.memory import Charge
-from kproxy.policies.connection import Answer, AnswerLater, Close, Forward, Refuse
+from kproxy.policies.connection import Answer, AnswerLater, Close, Forward, Handled, Refuse
 from kproxy.policies.rebootstrap import Action
 from kproxy.session import splice, throttle
 from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
@@ -297,8 +297,13 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
             # Relayed as received, the usual case: no coroutine for it.
             conn.observe(slot.api_key, slot.api_version, frame.body)
             slot.wire = frame
-        else:
-            slot.wire = await _process_response(session, slot, frame.body) or frame
+        else:  # a handler reads it whole
+            body = frame.body
+            handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version,
+                                    body)
+            if handled.seen is not None or handled.rebootstrap is not Action.NONE:
+                await session.services.backend.observed(handled, conn)
+            slot.wire = _response_wire(session, handled, body) or frame
         if quotas:
             throttle.on_fetch_bytes(session, slot, len(frame) + 4)
             slot.wire = throttle.response_wire(session, slot, slot.wire)
@@ -370,13 +375,9 @@ async def _pass_through(session: Session, upstream: Transport, reader: FrameRead
     session.last_activity = trio.current_time()
 
 
-async def _process_response(session: Session, slot: Slot, body: memoryview) -> bytes | None:
-    """The response to send for ``slot`` (one a handler wants whole): None to relay it
-    as received."""
-    conn = session.conn
-    handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version, body)
-    if handled.seen is not None or handled.rebootstrap is not Action.NONE:
-        await session.services.backend.observed(handled, conn)
+def _response_wire(session: Session, handled: Handled, body: memoryview) -> bytes | None:
+    """The response to send for what a handler made of ``body``: None to relay it as
+    received."""
     if handled.close_after:
         session.writer.close_after_flush = True
     if handled.body is None or handled.body is body:

@@ -27,6 +27,7 @@ backend gone) runs it again. It is counted open, and reported closed, once.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -310,49 +311,66 @@ class Session:
         first_deadline = trio.current_time() + cfg.first_request_timeout
         client = self._client_io
         try:
-            while not self._draining:
-                if not reader.held() and not charge.room_now():
-                    # Between frames: wait for room in the budget before taking more.
-                    # Mid-frame, never: a partial frame is only freed by completing it.
-                    await charge.wait_for_room()
-                # Throttled (quotas): not a byte read until the throttle passes, or a drain.
-                if self.mute_until and await throttle.wait_unmuted(self):
-                    break
-                n = client.fill_now(reader, RECV_BYTES)
-                if n is None:
-                    if not len(self.ordered) and not reader.held():
-                        self.note_idle()
-                    # Only the wait for bytes is cancellable by a drain: a request already
-                    # taken is always sent upstream and answered. One scope serves all: a
-                    # drain or the parking lot cancels it, the read deadline expires it.
-                    self._recv_scope = scope = trio.CancelScope(deadline=timeouts.read_deadline(
-                        trio.current_time(), first_deadline, self.frames_in,
-                        len(self.ordered), self.last_activity, self.config.idle_timeout,
-                        self._plain_tcp() and not self._end_at_request))
-                    with scope:
-                        n = await client.fill(reader, RECV_BYTES)
-                    if scope.cancelled_caught:
-                        if self._draining:
+            stop = False
+            while not (stop or self._draining):
+                # One scope serves the waits for the client's bytes, from one wait to the
+                # next until something cancels it (a scope per wait was most of what a
+                # small request's read cost). Only a wait is ever cancelled by it: a drain
+                # or the parking lot reach it only while the task waits in it
+                # (``_recv_scope`` is set for the wait alone), and it has a deadline only
+                # during a wait. A request already taken is always sent upstream and
+                # answered.
+                scope = trio.CancelScope()
+                late: int | None = None  # what a wait received as it was cancelled
+                with scope:
+                    while not self._draining:
+                        if not reader.held() and not charge.room_now():
+                            # Between frames: wait for room in the budget before taking
+                            # more. Mid-frame, never: a partial frame is only freed by
+                            # completing it.
+                            await charge.wait_for_room()
+                        # Throttled (quotas): not a byte read until the throttle passes, or
+                        # a drain.
+                        if self.mute_until and await throttle.wait_unmuted(self):
+                            stop = True
                             break
-                        self._check_timeouts()
-                        if self._may_park(reader):
-                            # Park: the response side stops at its wait for the broker.
-                            self._parking = True
-                            assert self._nursery is not None
-                            self._nursery.cancel_scope.cancel()
-                            return
-                        continue
-                if not n:
-                    raise PeerGone("client closed the connection")
-                charge.settle(reader.held())
-                if self._end_at_request:
-                    self._draining = True  # not forwarded: it fails when the connection closes
-                    break
-                await handle_requests(self, reader)
-                held = reader.held()
-                charge.settle(held)
-                if held:  # nothing held, no large request started: spare the coroutine
-                    await splice_request(self, reader, charge)
+                        n = client.fill_now(reader, RECV_BYTES)
+                        if n is None:
+                            if not len(self.ordered) and not reader.held():
+                                self.note_idle()
+                            # A drain or the parking lot cancels the wait, the read deadline
+                            # expires it.
+                            deadline = timeouts.read_deadline(
+                                trio.current_time(), first_deadline, self.frames_in,
+                                len(self.ordered), self.last_activity,
+                                self.config.idle_timeout,
+                                self._plain_tcp() and not self._end_at_request)
+                            if deadline != math.inf:
+                                scope.deadline = deadline
+                            self._recv_scope = scope
+                            n = await client.fill(reader, RECV_BYTES)
+                            self._recv_scope = None
+                            if scope.cancel_called:  # too late to stop the wait: its bytes
+                                late = n  # are taken outside the scope
+                                break
+                            if deadline != math.inf:
+                                scope.deadline = math.inf
+                        if not await self._take(reader, charge, n):
+                            stop = True
+                            break
+                self._recv_scope = None
+                if late is not None:
+                    stop = not await self._take(reader, charge, late)
+                elif scope.cancelled_caught:
+                    if self._draining:
+                        break
+                    self._check_timeouts()
+                    if self._may_park(reader):
+                        # Park: the response side stops at its wait for the broker.
+                        self._parking = True
+                        assert self._nursery is not None
+                        self._nursery.cancel_scope.cancel()
+                        return
         finally:
             charge.release()
         # Draining: wait until every request already taken has been answered.
@@ -360,6 +378,22 @@ class Session:
             while len(self.ordered):
                 await self.writer.answers_left()
         self.close()
+
+    async def _take(self, reader: FrameReader, charge: Charge, n: int) -> bool:
+        """What a receive of ``n`` bytes (0: the end of the stream) brought: take its
+        requests. False when the session takes no more."""
+        if not n:
+            raise PeerGone("client closed the connection")
+        charge.settle(reader.held())
+        if self._end_at_request:
+            self._draining = True  # not forwarded: it fails when the connection closes
+            return False
+        await handle_requests(self, reader)
+        held = reader.held()
+        charge.settle(held)
+        if held:  # nothing held, no large request started: spare the coroutine
+            await splice_request(self, reader, charge)
+        return True
 
     def _check_timeouts(self) -> None:
         """A read deadline passed: close a silent new connection or an idle one."""

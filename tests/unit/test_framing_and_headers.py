@@ -33,6 +33,22 @@ def test_frames_split_across_arbitrary_chunks() -> None:
     assert reader.buffered() == 0
 
 
+def test_one_chunk_holding_one_frame_exactly() -> None:
+    """The usual small request: a view of the chunk, the reader empty after it; a size
+    over the limit is refused the same way."""
+    reader = FrameReader(max_frame_bytes=10)
+    data = frame(b"0123456789")
+    reader.feed(data)
+    [only] = reader.wire_frames()
+    assert only.buf is data and bytes(only.body) == b"0123456789"
+    assert reader.buffered() == 0 and reader.held() == 0 and reader.wire_frames() == []
+    reader.feed(frame(b"ab") + frame(b"c"))  # two frames in one chunk: the general path
+    assert [bytes(f.body) for f in reader.wire_frames()] == [b"ab", b"c"]
+    reader.feed(frame(b"x" * 11))
+    with pytest.raises(FrameTooLarge):
+        reader.wire_frames()
+
+
 @given(bodies=st.lists(st.binary(max_size=300), max_size=6),
        cuts=st.lists(st.integers(1, 97), min_size=1, max_size=20),
        into_room=st.lists(st.booleans(), min_size=1, max_size=20))

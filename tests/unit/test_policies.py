@@ -175,6 +175,16 @@ def test_backend_view_epochs() -> None:
     assert change is not None and change.cluster_id == ("c1", "c2")
     moved = view.observe({2: BrokerAddress("b", 3)}, "c2", complete=True)
     assert moved is not None and "moved 2=b:3" in moved.describe()
+    # The same answer again is no change and leaves the view's broker set as it was;
+    # a rack alone changes the set (not the epoch), and so does a partial answer's.
+    nodes, epoch = view.nodes, view.epoch
+    assert view.observe({2: BrokerAddress("b", 3)}, "c2", complete=True) is None
+    assert view.observe({2: BrokerAddress("b", 3)}, None, complete=False) is None
+    assert view.nodes is nodes and view.epoch == epoch
+    assert view.observe({2: BrokerAddress("b", 3, "r1")}, "c2", complete=True) is None
+    assert view.nodes == {2: BrokerAddress("b", 3, "r1")} and view.epoch == epoch
+    assert view.observe({2: BrokerAddress("b", 3, "r2")}, None, complete=False) is None
+    assert view.nodes == {2: BrokerAddress("b", 3, "r2")} and view.epoch == epoch
 
 
 def test_ordered_responses_release_strictly_in_order() -> None:
