@@ -147,3 +147,43 @@ async def test_fill_feeds_chunks_and_receives_a_large_frame_in_place() -> None:
             assert await io.fill(reader, 64) == 0  # end of stream
     finally:
         await b.aclose()
+
+
+async def test_a_tls_receive_takes_every_record_already_delivered() -> None:
+    """Over TLS a receive returns all the records the socket already delivered, not one
+    16 KiB record a call (each call a trip through the scheduler); the bytes arrive
+    intact, and the peer's close is still reported as the end of the stream."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    a, b = await _socket_pair()
+    client = trio.SSLStream(a, client_ctx, server_hostname="127.0.0.1")
+    server = trio.SSLStream(b, server_ctx, server_side=True)
+    payload = os.urandom(1 << 20)
+    receiver = StreamTransport(server)
+    sizes: list[int] = []
+    got = bytearray()
+
+    async def send() -> None:
+        await client.send_all(payload)
+        await client.aclose()  # close_notify, then the socket closes
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        await server.do_handshake()
+        with trio.fail_after(30):
+            while True:
+                data = await receiver.receive(1 << 18)
+                if not data:
+                    break
+                sizes.append(len(data))
+                got.extend(data)
+    await server.aclose()
+    assert bytes(got) == payload
+    assert max(sizes) > 16 * 1024, sizes  # more than one record in some receive
