@@ -233,18 +233,28 @@ Profiled on this machine with py-spy and perf during each workload.
   its bytes arrive. Produce responses and every request are relayed the moment they
   are complete.
 - **Small requests.** A relayed request costs the proxy two wake-ups (request in,
-  response back) and four socket calls. On this machine that came to about 0.33 ms of
-  CPU per single-message produce and 0.41 ms per Metadata round trip at 1,000/s, where
-  d1cc828 (before the sans-IO core) took 0.31 and 0.38 side by side (about 7% less)
-  and haproxy about 0.06. py-spy during Metadata at 1,000/s: of the proxy's busy
-  samples, 41% are the `writev` and `recv` calls themselves (on loopback the sender's
-  `writev` also runs the receiver's side of TCP and its wake-up), 34% kproxy's own
-  Python (header peek, in-order queue, handler dispatch; Metadata responses are
-  rewritten once and then served from a cache keyed by the backend's bytes), 18%
-  trio's scheduling and 4% metrics. The p99 tail comes from that CPU on two cores
-  shared with a multi-threaded client and broker: the more CPU a hop takes, the likelier
-  it waits for a time slice, so it is larger for kproxy than for haproxy and varies
-  from run to run.
+  response back) and four socket calls. Measured alone side by side with 8762e0a (7
+  paired rounds at 1,000/s, quiet machine): 0.245 ms of CPU per single-message produce
+  (0.285 before) and 0.265 ms per Metadata round trip (0.305 before); haproxy takes about
+  0.06-0.09 and a bare trio relay with no kproxy code 0.13-0.15. The cuts: one cancel
+  scope serves the waits for the client's bytes (a scope per read was 16% of busy
+  samples on Metadata), a response naming no broker costs no backend observation, a
+  steady Metadata answer leaves the view and the listeners alone, and a receive holding
+  exactly one frame skips the general frame walk. py-spy during Metadata at 1,000/s
+  after them: trio 45% of the busy samples (`unrolled_run`, the epoll wait and its
+  re-registration, task rescheduling), kproxy's own Python 39% in many items of 1-5%
+  (the Metadata rewrite-cache key, header peek, in-order queue), the socket calls the
+  rest. Reaching 0.17 ms needs the small-frame path off per-request trio scheduling (a
+  proxy-wide epoll loop for busy sessions, as the parking lot has for idle ones). The
+  p99 tail comes from that CPU on two cores shared with a multi-threaded client and
+  broker: the more CPU a hop takes, the likelier it waits for a time slice, so it is
+  larger for kproxy than for haproxy and varies from run to run.
+- **TLS.** trio's `SSLStream.receive_some` returns one TLS record (16 KiB at most) a
+  call, each call a trip through the scheduler: client-TLS produce ran at 0.22 of
+  haproxy's throughput and 10.9x its CPU per GB (strace: about 24 `epoll_wait` per 64 KiB
+  `recvfrom`). The relay now decrypts every record the socket already delivered in one
+  call (`StreamTransport._decrypted`); measured alone, 3 repetitions: 0.98 of haproxy's
+  throughput and 1.72x its CPU per GB.
 - **Telemetry.** A small push (up to 16 KB decompressed and 128 points) is decoded in
   one parse and answered at once; the next push of the same shape from the same client
   is read by position and lands in the same series without a decode. Larger pushes
