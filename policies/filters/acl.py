@@ -60,8 +60,8 @@ from kproxy.policies.filters.acl_admin import (
     offered,
     refuse,
 )
-from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TOPIC_DENIED, TXN_DENIED, Need
-from kproxy.policies.filters.acl_partitions import split
+from kproxy.policies.filters.acl_apis import APIS, CLUSTER, TXN_DENIED, Need
+from kproxy.policies.filters.acl_partitions import TOPIC_DENIED, split
 from kproxy.policies.filters.api import Filter
 from kproxy.policies.filters.record_validation import refuse_partitions
 

@@ -39,6 +39,7 @@ from kproxy.codecs.schemas import tenancy_groups as tg
 from kproxy.codecs.schemas import tenancy_topics as tt
 from kproxy.policies.filters.acl_apis import CLUSTER, Need
 from kproxy.policies.filters.acl_apis import offered as whole_offered
+from kproxy.policies.filters.acl_partitions import Layout
 
 Msg = dict[str, Any]
 Entry = Any  # a struct of the request's array, or a plain name
@@ -119,15 +120,6 @@ def _result(*keys: str, **extra: Any) -> Refused:
     return build
 
 
-def _per_partition(**extra: Any) -> Refused:
-    """A topic result with every partition the entry named refused."""
-    def build(entry: Entry, error: int) -> Msg:
-        return {"name": entry["name"], "partitions": [
-            {"partition_index": p["partition_index"], "error_code": error, **extra}
-            for p in entry.get("partitions") or []]}
-    return build
-
-
 def _coordinator_kind(msg: Msg, entry: Entry) -> str:
     return "transactional_id" if msg.get("key_type", 0) == 1 else "group"
 
@@ -168,11 +160,11 @@ def _entry_apis() -> Iterable[EntryApi]:
         EntryApi(42, Versions(0, 2), tg.DELETE_GROUPS_REQUEST, tg.DELETE_GROUPS_RESPONSE,
                  "groups_names", None, "delete", "group", "results", _result("group_id")),
         EntryApi(47, Versions(0, 0), tg.OFFSET_DELETE_REQUEST, tg.OFFSET_DELETE_RESPONSE,
-                 "topics", "name", "read", "topic", "topics", _per_partition(),
+                 "topics", "name", "read", "topic", "topics", Layout("read").refused,
                  first=_offset_delete_group),
         EntryApi(21, Versions(0, 2), tt.DELETE_RECORDS_REQUEST, tt.DELETE_RECORDS_RESPONSE,
                  "topics", "name", "delete", "topic", "topics",
-                 _per_partition(low_watermark=-1)),
+                 Layout("delete", entry={"low_watermark": -1}).refused),
         EntryApi(37, Versions(0, 3), tt.CREATE_PARTITIONS_REQUEST,
                  tt.CREATE_PARTITIONS_RESPONSE, "topics", "name", "alter", "topic", "results",
                  _result("name", **no_message)),

@@ -31,10 +31,8 @@ from kproxy.codecs.schemas import tenancy_groups as tg
 from kproxy.codecs.schemas import tenancy_topics as tt
 from kproxy.codecs.schemas import txn_responses as tx
 from kproxy.policies.api_versions import NAMELESS
-from kproxy.policies.filters.acl_partitions import Layout
+from kproxy.policies.filters.acl_partitions import GROUP_DENIED, TOPIC_DENIED, Layout
 
-TOPIC_DENIED = 29
-GROUP_DENIED = 30
 CLUSTER_DENIED = 31
 TXN_DENIED = 53
 CLUSTER = "kafka-cluster"

@@ -36,7 +36,7 @@ from kproxy.codecs.schemas import alter_configs as ac
 from kproxy.codecs.schemas import tenancy_groups as tg
 from kproxy.config.filters import acl_filter
 from kproxy.policies.addressing import PortMap
-from kproxy.policies.connection import Answer, ConnectionState, Forward
+from kproxy.policies.connection import Answer, Close, ConnectionState, Forward
 from kproxy.policies.filters.acl import AclFilter
 from kproxy.policies.filters.acl_admin import ENTRY_APIS, LISTINGS
 from kproxy.policies.filters.chain import DecisionCounts, FilterChain
@@ -329,6 +329,13 @@ def test_requests_past_the_checked_versions_are_not_offered() -> None:
     assert offered(15) is not None and offered(15).hi == 5
     for hidden in (29, 30, 31, 48, 49, 50, 51):  # ACL, quota and SCRAM admin APIs
         assert offered(hidden) is None
+    # A version past the checked ones (not offered) closes the connection, listings
+    # included: the chain closes what its filter does not read.
+    chain, conn, _ = _setup("alice")
+    for key in (15, 16):
+        w = Writer()
+        write_request_header(w, RequestHeader(key, 6, 7, "t"))
+        assert isinstance(_decide(chain, conn, w.getvalue()), Close)
 
 
 NEW_SPECS = [ac.ALTER_CONFIGS_REQUEST, ac.ALTER_CONFIGS_RESPONSE,
