@@ -101,42 +101,41 @@ class Transport:
 class StreamTransport(Transport):
     """Any trio stream (TLS): every operation goes through the stream API."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("_ssl", "stream")
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
+        # A trio.SSLStream's TLS object (made with the stream), for ``_decrypted``.
+        self._ssl: ssl.SSLObject | None = getattr(stream, "_ssl_object", None)
 
     async def receive(self, max_bytes: int) -> bytes:
         try:
             data = await self.stream.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise PeerGone(f"connection broke: {exc!r}") from exc
-        if len(data) < max_bytes and (more := self._decrypted(max_bytes - len(data))):
-            return bytes(data) + more
-        return bytes(data)
+        pieces = [data]
+        if self._ssl is not None and len(data) < max_bytes:
+            self._decrypted(self._ssl, pieces, max_bytes - len(data))
+        return bytes(data) if len(pieces) == 1 else b"".join(pieces)
 
-    def _decrypted(self, room: int) -> bytes:
-        """The records a TLS stream already received, decrypted without waiting.
+    @staticmethod
+    def _decrypted(tls: ssl.SSLObject, pieces: list[bytes | bytearray], room: int) -> None:
+        """Append the records a TLS stream already received, decrypted without waiting.
 
         ``SSLStream.receive_some`` gives one TLS record (16 KiB at most) a call, and each
         call is a trip through trio's scheduler: a 1 MB produce over client TLS took ~60
         of them. What the transport already delivered is taken here in one go; anything
         else than "no whole record yet" (an alert, the end of the stream) is left where
         it is, for the next ``receive_some`` to raise or report as usual."""
-        obj = getattr(self.stream, "_ssl_object", None)  # trio.SSLStream's, if any
-        if obj is None:
-            return b""
-        pieces: list[bytes] = []
         while room > 0:
             try:
-                piece = obj.read(room)
+                piece = tls.read(room)
             except ssl.SSLError:  # SSLWantReadError: no whole record buffered
-                break
+                return
             if not piece:
-                break
+                return
             pieces.append(piece)
             room -= len(piece)
-        return b"".join(pieces)
 
     async def send_rest(self, parts: list[Buffer]) -> None:
         try:
