@@ -99,20 +99,25 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
         ports = [r["http_port"] for r in rows]
         producers = []
         try:
-            # Enough clients that each worker holds some (the kernel picks the worker for
-            # each connection: all twelve of six clients on one worker is 1 in 2,048).
-            for n in range(6):
+            # Clients join until each worker holds some. The kernel picks the worker for
+            # each connection, and a librdkafka producer keeps only its broker connection
+            # once it has Metadata (the bootstrap one is let go), so one worker holding all
+            # of six clients is 1 in 32: add them one at a time, at most sixteen.
+            own: list[dict[str, Any]] = []
+            for n in range(1, 17):
                 p = Producer({"bootstrap.servers": kp.bootstrap, "client.id": f"st-{n}"})
                 p.produce("status", b"x")
                 assert p.flush(30) == 0
                 producers.append(p)
-            own: list[dict[str, Any]] = []
 
-            def spread() -> bool:  # a worker's snapshot is at most a second old
-                own[:] = [status(port) for port in ports]
-                return all(s["clients"]["connections"] for s in own)
+                def counted(n: int = n) -> bool:  # a worker's snapshot is at most 1 s old
+                    own[:] = [status(port) for port in ports]
+                    return sum(s["clients"]["connections"] for s in own) >= n
 
-            wait_for(spread, 10, "one worker got every connection")
+                wait_for(counted, 30, f"the workers do not count {n} clients")
+                if all(s["clients"]["connections"] for s in own):
+                    break
+            assert all(s["clients"]["connections"] for s in own), "one worker got them all"
             held = [client_ids(s) for s in own]
             assert held[0] and held[1]
 
