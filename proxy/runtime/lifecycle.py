@@ -49,15 +49,28 @@ async def handle_signals(proxy: Proxy) -> None:
                 stopping = True
 
 
-async def watch_config(proxy: Proxy, path: str) -> None:
+class ConfigFile:
+    """The config file's content as the last reload read it, whatever started that
+    reload: an edit followed by SIGHUP is read once, not again by the watch."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._read = _fingerprint(path)
+
+    def reading(self) -> None:
+        """A reload is about to read the file (taken before: a later edit still shows)."""
+        self._read = _fingerprint(self.path)
+
+    def changed(self) -> bool:
+        return _fingerprint(self.path) != self._read
+
+
+async def watch_config(proxy: Proxy, file: ConfigFile) -> None:
     """Reload when the file's content changes (a ConfigMap update swaps a symlink)."""
-    last = _fingerprint(path)
     while True:
         await trio.sleep(proxy.config.config_watch_interval or 5.0)
-        now = _fingerprint(path)
-        if now != last:
-            last = now
-            log.info("config file changed; reloading", extra={"fields": {"path": path}})
+        if file.changed():
+            log.info("config file changed; reloading", extra={"fields": {"path": file.path}})
             await reload(proxy)
 
 
@@ -66,6 +79,8 @@ async def reload(proxy: Proxy) -> bool:
     if proxy.reload_config is None:
         log.warning("reload requested but this proxy was not started from a config")
         return False
+    if proxy.config_file is not None:
+        proxy.config_file.reading()
     try:
         new = proxy.reload_config()
         why = reload_change(proxy.config.virtual_clusters, new.virtual_clusters)

@@ -71,6 +71,7 @@ class Proxy:
                  local_handlers: dict[int, LocalHandler] | None = None) -> None:
         self.config = config
         self.reload_config = reload_config
+        self.config_file = lifecycle.ConfigFile(config.source) if config.source else None
         self.metrics = metrics = metrics or ProxyMetrics()
         self.ratelog = RateLimitedLog()
         self.state = ProxyState(config.port_map, config.legacy_clients, config.require_sasl,
@@ -250,8 +251,8 @@ class Proxy:
                     services.start_soon(self.jwks.run)
                 if self.admission.control is None:  # a worker's supervisor keeps its own
                     services.start_soon(status.record_history, self)
-                if cfg.source and cfg.config_watch_interval > 0:
-                    services.start_soon(lifecycle.watch_config, self, cfg.source)
+                if self.config_file is not None and cfg.config_watch_interval > 0:
+                    services.start_soon(lifecycle.watch_config, self, self.config_file)
                 log.info("kproxy listening", extra={"fields": {
                     "bootstrap": f"{host}:{self.bootstrap_port}",
                     "advertised_host": cfg.advertised_host,
