@@ -2,7 +2,8 @@
 
 Used where the proxy needs the position after a value, not the value: fields kept
 ``Opaque``, the regular fields before a tagged section or a tail it rewrites, and
-the partitions of a Fetch response it reads watermarks from.
+the partitions of a Fetch response it reads watermarks from. The Produce response,
+walked for every one relayed, also has a walk by hand (``produce_tags_at``).
 """
 
 from __future__ import annotations
@@ -158,3 +159,94 @@ def skip_struct_at(st: Struct, version: int, flexible: bool, r: Reader, pos: int
     if end > r.end:
         raise CodecError(f"{st.name} runs past the end", what=st.name, offset=pos)
     return end
+
+
+# ----------------------------------------------------------------------------- Produce
+#
+# Every Produce response from v10 on is read for KIP-951's NodeEndpoints (top-level tag
+# 0), and nearly none carries them: a broker adds them only when a leader moved. The
+# program walk above costs about as much as the rest of the response's trip through the
+# proxy's own code, so the one layout is also walked by hand. ``None`` means "cannot tell
+# cheaply" (a malformed body, another version): the caller takes the general path, which
+# gives the precise error.
+
+_PRODUCE_FIRST, _PRODUCE_LAST = 10, 13  # the versions that carry NodeEndpoints
+_PARTITION_FIXED = 4 + 2 + 8 + 8 + 8  # index, error_code, base_offset, append time, log start
+
+
+def _uvarint_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """An unsigned LEB128 (at most 5 bytes) at ``pos`` and the position after it;
+    (-1, end + 1) when it runs past ``end`` or is too long."""
+    value = shift = 0
+    while pos < end and shift <= 28:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    return -1, end + 1
+
+
+def _tags_end(buf: bytes | memoryview, pos: int, end: int) -> int:
+    """Past a tagged section; ``end + 1`` when it does not fit."""
+    if pos < end and buf[pos] == 0:  # no tags: nearly every section
+        return pos + 1
+    count, pos = _uvarint_at(buf, pos, end)
+    for _ in range(max(count, 0)):
+        _, pos = _uvarint_at(buf, pos, end)
+        size, pos = _uvarint_at(buf, pos, end)
+        if size < 0 or pos > end:
+            return end + 1
+        pos += size
+    return pos
+
+
+def _sized_end(buf: bytes | memoryview, pos: int, end: int) -> int:
+    """Past a compact (nullable) string; ``end + 1`` when it does not fit."""
+    size, pos = _uvarint_at(buf, pos, end)
+    return end + 1 if size < 0 else pos + max(size - 1, 0)
+
+
+def produce_tags_at(frame: bytes | memoryview, version: int) -> int | None:
+    """Where the top-level tagged section of a Produce response frame body (correlation
+    id first) starts, or ``None`` when this walk cannot tell."""
+    if not _PRODUCE_FIRST <= version <= _PRODUCE_LAST:
+        return None
+    end = len(frame)
+    pos = _tags_end(frame, 4, end)  # correlation id, then the header's tags
+    topics, pos = _uvarint_at(frame, pos, end)
+    topics -= 1
+    if topics < 0 or topics > end - pos:
+        return None  # a null or oversized array: the general walk says why
+    for _ in range(topics):
+        pos = pos + 16 if version >= 13 else _sized_end(frame, pos, end)  # id or name
+        partitions, pos = _uvarint_at(frame, pos, end)
+        partitions -= 1
+        if partitions < 0 or partitions > end - pos:
+            return None
+        for _ in range(partitions):
+            pos += _PARTITION_FIXED
+            errors, pos = _uvarint_at(frame, pos, end)
+            errors -= 1
+            if errors < -1 or errors > end - pos:
+                return None
+            for _ in range(errors):
+                pos = _tags_end(frame, _sized_end(frame, pos + 4, end), end)
+                if pos > end:
+                    return None
+            pos = _tags_end(frame, _sized_end(frame, pos, end), end)  # message, tags
+            if pos > end:
+                return None
+        pos = _tags_end(frame, pos, end)
+        if pos > end:
+            return None
+    pos += 4  # throttle_time_ms
+    return pos if pos <= end else None
+
+
+def produce_names_no_broker(frame: bytes | memoryview, version: int) -> bool:
+    """True when the response's top-level tagged section is empty (one zero byte at the
+    end): no NodeEndpoints, nothing to rewrite. False means "look closer"."""
+    at = produce_tags_at(frame, version)
+    return at is not None and at == len(frame) - 1 and frame[at] == 0

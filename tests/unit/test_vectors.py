@@ -10,6 +10,7 @@ from kproxy.codecs.interpreter import encode_top_level_tags, read_top_level_tags
 from kproxy.codecs.peek import peek_correlation_id, peek_request
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED, spec_for
+from kproxy.codecs.skipping import produce_tags_at
 
 from ..conftest import Vector, load_vectors
 
@@ -91,3 +92,5 @@ def test_node_endpoints_walk_reaches_the_tag_section(vec: Vector) -> None:
     assert tags.get("node_endpoints") == full.get("node_endpoints")
     spliced = vec.frame[:start] + encode_top_level_tags(spec, vec.api_version, tags)
     assert spliced == vec.frame
+    if vec.api_key == api_keys.PRODUCE and vec.api_version >= 10:  # the hand-written walk
+        assert produce_tags_at(vec.frame, vec.api_version) == start
