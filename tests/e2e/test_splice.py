@@ -28,7 +28,8 @@ from kproxy.codecs.peek import peek_request
 from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.server import Proxy
 from kproxy.session import splice
-from kproxy.session.relay import RECV_BYTES
+from kproxy.session.relay import PEEK_BYTES, RECV_BYTES
+from kproxy.session.transport import SocketTransport
 
 from ..fake_broker import FakeBroker
 from ..support import RawClient
@@ -256,6 +257,44 @@ async def test_a_client_gone_mid_splice_ends_the_connection(nursery: trio.Nurser
     await until(lambda: not proxy.sessions, "the session ended")
     assert len(broker.received) == 1 and splice.PIPES.frames == before
     assert await metric(proxy, "kproxy_internal_errors_total") == 0
+    assert proxy.budget.used == 0
+    proxy.shutdown()
+
+
+async def test_after_a_spliced_request_a_receive_asks_for_a_header_only(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a spliced request the client's next receive asks for ``PEEK_BYTES`` (the
+    next large request is spliced from there, not copied in and out from 256 KiB on);
+    after a request taken whole, for ``RECV_BYTES`` again. Every answer arrives intact."""
+    asked: list[tuple[int, int]] = []  # (descriptor, bytes asked) of every receive
+    fill_now = SocketTransport.fill_now
+
+    def recording(self: SocketTransport, reader: FrameReader, max_bytes: int) -> int | None:
+        asked.append((self.fd, max_bytes))
+        return fill_now(self, reader, max_bytes)
+
+    monkeypatch.setattr(SocketTransport, "fill_now", recording)
+    box: list[Proxy] = []
+    broker = await SplitEchoBroker(lambda: box[0].budget.used).start(nursery)
+    proxy = await start_proxy(nursery, broker.fake.bootstrap)
+    box.append(proxy)
+    client = await RawClient.connect(proxy.bootstrap_port or 0)
+    before = splice.PIPES.frames
+    plan = [(1, 100), (2, 1_000_000), (3, 700_000), (4, 100)]
+    for cid, size in plan:
+        await client.send(echo_request(cid, size, 300, 0))
+        frame = await client.read_frame()
+        assert frame is not None and struct.pack(">i", len(frame)) + frame == \
+            echo_response(cid, 300)
+    peeks = {fd for fd, n in asked if n == PEEK_BYTES}
+    assert len(peeks) == 1, asked  # only the client side, only after a splice
+    (client_fd,) = peeks
+    mine = [n for fd, n in asked if fd == client_fd]
+    assert mine[-1] == RECV_BYTES  # the last request was small: back to full receives
+    assert splice.PIPES.frames - before == 2
+    assert broker.received == [echo_request(cid, size, 300, 0) for cid, size in plan]
+    await client.aclose()
+    await until(lambda: not proxy.sessions, "every session ended")
     assert proxy.budget.used == 0
     proxy.shutdown()
 
