@@ -12,6 +12,7 @@ confluent-kafka through tansu.
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
 from collections.abc import Callable
@@ -259,6 +260,51 @@ async def test_a_client_gone_mid_splice_ends_the_connection(nursery: trio.Nurser
     assert await metric(proxy, "kproxy_internal_errors_total") == 0
     assert proxy.budget.used == 0
     proxy.shutdown()
+
+
+async def test_a_drained_source_is_waited_for_not_asked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``splice_exactly`` moves every byte, and after a splice that emptied the source's
+    queue it waits for it instead of asking again (a system call that finds nothing)."""
+    calls: list[tuple[int, int | None]] = []  # (source descriptor, bytes or None: EAGAIN)
+    real = splice.os.splice
+
+    def counting(src: int, dst: int, count: int, *args: object) -> int:
+        try:
+            got = real(src, dst, count, *args)  # type: ignore[arg-type]
+        except BlockingIOError:
+            calls.append((src, None))
+            raise
+        calls.append((src, got))
+        return got
+
+    monkeypatch.setattr(splice.os, "splice", counting)
+    a, a_peer = trio.socket.socketpair()
+    b, b_peer = trio.socket.socketpair()
+    data = filler(300_000, 5)
+    pipe = splice.PIPES.take()
+    assert pipe is not None
+    got = bytearray()
+
+    async def reader() -> None:
+        while len(got) < len(data):
+            got.extend(await b_peer.recv(1 << 16))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        nursery.start_soon(functools.partial(splice.splice_exactly, read_timeout=10.0,
+                                             write_timeout=10.0),
+                           a.fileno(), b.fileno(), len(data), pipe)
+        for i in range(0, len(data), 50_000):  # in pieces, each after the last is taken
+            await a_peer.send(data[i : i + 50_000])
+            await trio.sleep(0.02)
+    splice.PIPES.give_back(pipe, empty=True)
+    assert bytes(got) == data
+    from_source = [n for fd, n in calls if fd == a.fileno()]
+    assert sum(n for n in from_source if n) == len(data)
+    assert None not in from_source, from_source  # never asked a drained source
+    for s in (a, a_peer, b, b_peer):
+        s.close()
 
 
 async def test_after_a_spliced_request_a_receive_asks_for_a_header_only(
