@@ -29,6 +29,7 @@ from kproxy.codecs.peek import peek_request
 from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.server import Proxy
 from kproxy.session import splice
+from kproxy.session.errors import SessionClosed
 from kproxy.session.relay import PEEK_BYTES, RECV_BYTES
 from kproxy.session.transport import SocketTransport
 
@@ -303,6 +304,32 @@ async def test_a_drained_source_is_waited_for_not_asked_again(
     from_source = [n for fd, n in calls if fd == a.fileno()]
     assert sum(n for n in from_source if n) == len(data)
     assert None not in from_source, from_source  # never asked a drained source
+    for s in (a, a_peer, b, b_peer):
+        s.close()
+
+
+@pytest.mark.parametrize("side", ["read", "write"])
+async def test_a_splice_waiting_past_its_timeout_ends(side: str) -> None:
+    """No byte of the rest within the read timeout, or no room at the destination within
+    the write timeout: ``splice_exactly`` gives up with ``SessionClosed``."""
+    a, a_peer = trio.socket.socketpair()
+    b, b_peer = trio.socket.socketpair()
+    pipe = splice.PIPES.take()
+    assert pipe is not None
+    reason = "within the read timeout" if side == "read" else "write timed out"
+
+    async def flood() -> None:  # the source never runs dry; nobody reads the destination
+        while True:
+            await a_peer.send(filler(1 << 16, 9))
+
+    async with trio.open_nursery() as nursery:
+        if side == "write":
+            nursery.start_soon(flood)
+        with trio.fail_after(10), pytest.raises(SessionClosed, match=reason):
+            await splice.splice_exactly(a.fileno(), b.fileno(), 1 << 30, pipe,
+                                        read_timeout=0.05, write_timeout=0.05)
+        nursery.cancel_scope.cancel()
+    splice.PIPES.give_back(pipe, empty=False)
     for s in (a, a_peer, b, b_peer):
         s.close()
 
