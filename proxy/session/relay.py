@@ -149,28 +149,29 @@ async def _muted(session: Session, out: list[Frame | bytes],
     return []
 
 
-async def splice_request(session: Session, reader: FrameReader, charge: Charge) -> None:
+async def splice_request(session: Session, reader: FrameReader, charge: Charge) -> bool:
     """A large request has started and is not complete: when its header says nobody
-    needs its body, send what is buffered of it and splice the rest to the broker."""
+    needs its body, send what is buffered of it and splice the rest to the broker.
+    Whether it did."""
     pending = reader.pending()
     ends = session.splice_ends()
     if (pending is None or ends is None or pending[0] < session.config.splice_from
             or session.draining):
-        return
+        return False
     total = pending[0]
     head = memoryview(reader.head(PEEK_BYTES))[4:]
     try:
         peek = peek_request(head)
     except CodecError:
-        return  # not enough of the header yet, or a bad one: the usual path decides
+        return False  # not enough of the header yet, or a bad one: the usual path decides
     conn = session.conn
     if conn.handles_request(peek.api_key):
-        return  # a handler reads requests of this kind whole
+        return False  # a handler reads requests of this kind whole
     if len(session.ordered) >= session.config.max_inflight:
         await _wait_for_room(session)
     pipe = splice.PIPES.take()
     if pipe is None:
-        return
+        return False
     client, upstream = ends
     parts, rest = reader.take_partial()
     decision = conn.request(peek, head)  # notes the version and client id
@@ -204,6 +205,7 @@ async def splice_request(session: Session, reader: FrameReader, charge: Charge) 
         slot.throttle_ms = throttle_ms
     else:
         session.ordered.expect_nothing(peek.correlation_id)
+    return True
 
 
 async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> None:

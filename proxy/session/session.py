@@ -45,7 +45,13 @@ from kproxy.session.errors import PeerGone, SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import OrderedResponses
 from kproxy.session.latency_sketch import LatencySketch
-from kproxy.session.relay import RECV_BYTES, handle_requests, relay_responses, splice_request
+from kproxy.session.relay import (
+    PEEK_BYTES,
+    RECV_BYTES,
+    handle_requests,
+    relay_responses,
+    splice_request,
+)
 from kproxy.session.transport import Buffer, SocketTransport, Transport, transport_for
 
 log = logging.getLogger("kproxy.session")
@@ -54,7 +60,8 @@ log = logging.getLogger("kproxy.session")
 class Session:
     # Slots: one of these per open connection, thousands when they idle.
     __slots__ = ("_client_io", "_closed", "_closing", "_draining", "_end_at_request", "_ended",
-                 "_nursery", "_on_end", "_parking", "_recv_scope", "_upstream_io", "bytes_in",
+                 "_nursery", "_on_end", "_parking", "_recv_bytes", "_recv_scope", "_upstream_io",
+                 "bytes_in",
                  "client", "conn", "frames_in", "last_activity", "listener", "mute_scope",
                  "mute_until", "opened_at", "ordered", "parked", "services", "upstream", "writer")
 
@@ -83,6 +90,8 @@ class Session:
         self._parking = False  # the request side parked: the tasks stop, the sockets stay
         self.parked = False  # held by the parking lot (kproxy.session.parking), no task running
         self._recv_scope: trio.CancelScope | None = None  # the wait for the client's bytes
+        # How much one receive from the client asks for (see ``_take``).
+        self._recv_bytes = RECV_BYTES
         # Quotas (kproxy.session.throttle): no request is read before this (trio time).
         self.mute_until = 0.0
         self.mute_scope: trio.CancelScope | None = None
@@ -334,7 +343,7 @@ class Session:
                         if self.mute_until and await throttle.wait_unmuted(self):
                             stop = True
                             break
-                        n = client.fill_now(reader, RECV_BYTES)
+                        n = client.fill_now(reader, self._recv_bytes)
                         if n is None:
                             if not len(self.ordered) and not reader.held():
                                 self.note_idle()
@@ -348,7 +357,7 @@ class Session:
                             if deadline != math.inf:
                                 scope.deadline = deadline
                             self._recv_scope = scope
-                            n = await client.fill(reader, RECV_BYTES)
+                            n = await client.fill(reader, self._recv_bytes)
                             self._recv_scope = None
                             if scope.cancel_called:  # too late to stop the wait: its bytes
                                 late = n  # are taken outside the scope
@@ -391,8 +400,11 @@ class Session:
         await handle_requests(self, reader)
         held = reader.held()
         charge.settle(held)
-        if held:  # nothing held, no large request started: spare the coroutine
-            await splice_request(self, reader, charge)
+        # After a spliced request the next receive asks for only enough to peek the next
+        # one's header: a producer's next batch is likely large too, and what is received
+        # into the process is copied in and out, where the rest is spliced past it.
+        spliced = bool(held) and await splice_request(self, reader, charge)
+        self._recv_bytes = PEEK_BYTES if spliced else RECV_BYTES
         return True
 
     def _check_timeouts(self) -> None:

@@ -12,6 +12,7 @@ confluent-kafka through tansu.
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
 from collections.abc import Callable
@@ -28,7 +29,9 @@ from kproxy.codecs.peek import peek_request
 from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.server import Proxy
 from kproxy.session import splice
-from kproxy.session.relay import RECV_BYTES
+from kproxy.session.errors import SessionClosed
+from kproxy.session.relay import PEEK_BYTES, RECV_BYTES
+from kproxy.session.transport import SocketTransport
 
 from ..fake_broker import FakeBroker
 from ..support import RawClient
@@ -256,6 +259,115 @@ async def test_a_client_gone_mid_splice_ends_the_connection(nursery: trio.Nurser
     await until(lambda: not proxy.sessions, "the session ended")
     assert len(broker.received) == 1 and splice.PIPES.frames == before
     assert await metric(proxy, "kproxy_internal_errors_total") == 0
+    assert proxy.budget.used == 0
+    proxy.shutdown()
+
+
+async def test_a_drained_source_is_waited_for_not_asked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``splice_exactly`` moves every byte, and after a splice that emptied the source's
+    queue it waits for it instead of asking again (a system call that finds nothing)."""
+    calls: list[tuple[int, int | None]] = []  # (source descriptor, bytes or None: EAGAIN)
+    real = splice.os.splice
+
+    def counting(src: int, dst: int, count: int, *args: object) -> int:
+        try:
+            got = real(src, dst, count, *args)  # type: ignore[arg-type]
+        except BlockingIOError:
+            calls.append((src, None))
+            raise
+        calls.append((src, got))
+        return got
+
+    monkeypatch.setattr(splice.os, "splice", counting)
+    a, a_peer = trio.socket.socketpair()
+    b, b_peer = trio.socket.socketpair()
+    data = filler(300_000, 5)
+    pipe = splice.PIPES.take()
+    assert pipe is not None
+    got = bytearray()
+
+    async def reader() -> None:
+        while len(got) < len(data):
+            got.extend(await b_peer.recv(1 << 16))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        nursery.start_soon(functools.partial(splice.splice_exactly, read_timeout=10.0,
+                                             write_timeout=10.0),
+                           a.fileno(), b.fileno(), len(data), pipe)
+        for i in range(0, len(data), 50_000):  # in pieces, each after the last is taken
+            await a_peer.send(data[i : i + 50_000])
+            await trio.sleep(0.02)
+    splice.PIPES.give_back(pipe, empty=True)
+    assert bytes(got) == data
+    from_source = [n for fd, n in calls if fd == a.fileno()]
+    assert sum(n for n in from_source if n) == len(data)
+    assert None not in from_source, from_source  # never asked a drained source
+    for s in (a, a_peer, b, b_peer):
+        s.close()
+
+
+@pytest.mark.parametrize("side", ["read", "write"])
+async def test_a_splice_waiting_past_its_timeout_ends(side: str) -> None:
+    """No byte of the rest within the read timeout, or no room at the destination within
+    the write timeout: ``splice_exactly`` gives up with ``SessionClosed``."""
+    a, a_peer = trio.socket.socketpair()
+    b, b_peer = trio.socket.socketpair()
+    pipe = splice.PIPES.take()
+    assert pipe is not None
+    reason = "within the read timeout" if side == "read" else "write timed out"
+
+    async def flood() -> None:  # the source never runs dry; nobody reads the destination
+        while True:
+            await a_peer.send(filler(1 << 16, 9))
+
+    async with trio.open_nursery() as nursery:
+        if side == "write":
+            nursery.start_soon(flood)
+        with trio.fail_after(10), pytest.raises(SessionClosed, match=reason):
+            await splice.splice_exactly(a.fileno(), b.fileno(), 1 << 30, pipe,
+                                        read_timeout=0.05, write_timeout=0.05)
+        nursery.cancel_scope.cancel()
+    splice.PIPES.give_back(pipe, empty=False)
+    for s in (a, a_peer, b, b_peer):
+        s.close()
+
+
+async def test_after_a_spliced_request_a_receive_asks_for_a_header_only(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a spliced request the client's next receive asks for ``PEEK_BYTES`` (the
+    next large request is spliced from there, not copied in and out from 256 KiB on);
+    after a request taken whole, for ``RECV_BYTES`` again. Every answer arrives intact."""
+    asked: list[tuple[int, int]] = []  # (descriptor, bytes asked) of every receive
+    fill_now = SocketTransport.fill_now
+
+    def recording(self: SocketTransport, reader: FrameReader, max_bytes: int) -> int | None:
+        asked.append((self.fd, max_bytes))
+        return fill_now(self, reader, max_bytes)
+
+    monkeypatch.setattr(SocketTransport, "fill_now", recording)
+    box: list[Proxy] = []
+    broker = await SplitEchoBroker(lambda: box[0].budget.used).start(nursery)
+    proxy = await start_proxy(nursery, broker.fake.bootstrap)
+    box.append(proxy)
+    client = await RawClient.connect(proxy.bootstrap_port or 0)
+    before = splice.PIPES.frames
+    plan = [(1, 100), (2, 1_000_000), (3, 700_000), (4, 100)]
+    for cid, size in plan:
+        await client.send(echo_request(cid, size, 300, 0))
+        frame = await client.read_frame()
+        assert frame is not None and struct.pack(">i", len(frame)) + frame == \
+            echo_response(cid, 300)
+    peeks = {fd for fd, n in asked if n == PEEK_BYTES}
+    assert len(peeks) == 1, asked  # only the client side, only after a splice
+    (client_fd,) = peeks
+    mine = [n for fd, n in asked if fd == client_fd]
+    assert mine[-1] == RECV_BYTES  # the last request was small: back to full receives
+    assert splice.PIPES.frames - before == 2
+    assert broker.received == [echo_request(cid, size, 300, 0) for cid, size in plan]
+    await client.aclose()
+    await until(lambda: not proxy.sessions, "every session ended")
     assert proxy.budget.used == 0
     proxy.shutdown()
 

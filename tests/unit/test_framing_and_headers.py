@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from kproxy.codecs import api_keys, interpreter
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.framing import DEFAULT_MAX_FRAME_BYTES, FrameReader, FrameTooLarge, frame
+from kproxy.codecs.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameReader,
+    FrameTooLarge,
+    frame,
+    uninitialised,
+)
 from kproxy.codecs.headers import (
     RequestHeader,
     read_request_header,
@@ -73,6 +79,28 @@ def test_large_frames_received_in_place_come_out_whole_and_in_order(
         out.extend(reader.frames())
     assert out == bodies
     assert reader.room() is None and reader.buffered() == 0
+
+
+def test_uninitialised_buffers_are_plain_bytearrays_of_the_size_asked() -> None:
+    for n in (0, 1, 4096, 3 * 1024 * 1024):
+        buf = uninitialised(n)
+        assert type(buf) is bytearray and len(buf) == n
+        buf[:] = b"\x07" * n  # writable and resizable as any bytearray
+        buf += b"x"
+        assert len(buf) == n + 1 and buf[:n] == b"\x07" * n
+
+
+def test_in_place_frame_is_not_handed_out_before_its_last_byte() -> None:
+    body = b"\x01" * 5000
+    reader = FrameReader(in_place_from=100)
+    reader.feed(frame(body)[:10])
+    assert reader.next_wire() is None
+    for _ in range(len(body) - 7):  # all but the last byte, one at a time
+        reader.feed(b"\x01")
+        assert reader.next_wire() is None
+    reader.feed(b"\x01")
+    whole = reader.next_wire()
+    assert whole is not None and bytes(whole.body) == body
 
 
 def test_in_place_room_is_the_rest_of_the_declared_frame() -> None:
