@@ -27,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     # Set by the supervisor for its workers only: their end of the admission channel.
     p.add_argument(CONTROL_FD_FLAG, type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(WORKER_COUNT_FLAG, type=int, default=1, help=argparse.SUPPRESS)
+    # ... and the HTTP listener it opened for them (kproxy.runtime.workers).
+    p.add_argument(workers.HTTP_FD_FLAG, dest="http_fd", type=int, default=None,
+                   help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -44,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if count > 1:
         del proxy
         return workers.supervise(cfg, run_arguments(), count)
+    proxy.http_fd = args.http_fd
     if args.control_fd is not None:
         proxy.admission.control = AdmissionControl.from_fd(
             args.control_fd, args.control_workers, proxy.metrics)

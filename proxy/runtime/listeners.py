@@ -53,3 +53,11 @@ def peer_of(stream: trio.SocketStream) -> tuple[str, int]:
         return str(addr[0]), int(addr[1])
     except (OSError, AttributeError, IndexError):
         return "unknown", 0
+
+
+def inherited_listener(fd: int) -> trio.SocketListener:
+    """A listening socket this process was handed (a worker's HTTP listener, opened by
+    its supervisor so that no other process can take the port in between)."""
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))

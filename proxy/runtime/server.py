@@ -50,7 +50,7 @@ from kproxy.runtime import lifecycle
 from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.broker_listeners import BrokerListeners
-from kproxy.runtime.listeners import open_listeners
+from kproxy.runtime.listeners import inherited_listener, open_listeners
 from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upstream_context
 from kproxy.runtime.upstream import BootstrapRotation, UpstreamConnector
 from kproxy.runtime.virtual_clusters import VirtualCluster, VirtualClusterCollector
@@ -160,6 +160,7 @@ class Proxy:
         self.otlp = otlp_export.install(self)
         self.bootstrap_port: int | None = None
         self.http_port: int | None = None
+        self.http_fd: int | None = None  # a worker's HTTP listener, opened by its supervisor
         self._stop = trio.Event()
         self.started = trio.Event()  # listening, the backend discovered once
         self._sessions_nursery: trio.Nursery | None = None
@@ -238,7 +239,8 @@ class Proxy:
                                     self._bootstrap_scope)
                 for vcluster in self.virtual_clusters:
                     await self._open_virtual_cluster(vcluster, services)
-                http = await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
+                http = (await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
+                        if self.http_fd is None else [inherited_listener(self.http_fd)])
                 self.http_port = http[0].socket.getsockname()[1]
                 services.start_soon(trio.serve_listeners, HttpServer(guard(
                     {**routes(self), "/internal/facts": self._facts()},

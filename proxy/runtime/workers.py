@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -38,7 +39,6 @@ import trio
 
 from kproxy.auth.audit import open_audit
 from kproxy.config.settings import Config
-from kproxy.embedded_broker import free_port
 from kproxy.http.auth import guard
 from kproxy.http.history import History
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
@@ -74,20 +74,37 @@ def worker_count(cfg: Config) -> int:
     return cfg.workers or usable_cpus()
 
 
+HTTP_FD_FLAG = "--http-fd"
+
+
+def worker_http_socket() -> socket.socket:
+    """A worker's HTTP listener, opened by the supervisor and handed down: a port picked
+    here and bound by the worker later could be taken in between (the worker then failed
+    to start), and the same socket serves every restart of that worker."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
 @dataclass
 class Worker:
     index: int
-    http_port: int
+    http: socket.socket  # listening, on loopback; the worker accepts on it
     process: trio.Process | None = None
     started: float = 0.0
     restarts: int = 0
+
+    @property
+    def http_port(self) -> int:
+        return int(self.http.getsockname()[1])
 
 
 class Supervisor:
     def __init__(self, cfg: Config, run_argv: list[str], count: int) -> None:
         self.cfg = cfg
         self.run_argv = run_argv  # the arguments given to `kproxy run`
-        self.workers = [Worker(i, free_port()) for i in range(count)]
+        self.workers = [Worker(i, worker_http_socket()) for i in range(count)]
         self.stopping = False
         self.exit_code = 0
         self._stop = trio.Event()
@@ -108,7 +125,8 @@ class Supervisor:
         # Later flags win: every worker is one process, on shared ports, its own HTTP.
         return [sys.executable, "-m", "kproxy.cli", "run", *self.run_argv,
                 "--workers", "1", "--reuse-port", "on",
-                "--http", f"127.0.0.1:{worker.http_port}"]
+                "--http", f"127.0.0.1:{worker.http_port}",
+                HTTP_FD_FLAG, str(worker.http.fileno())]
 
     async def run(self) -> int:
         log.info("starting workers", extra={"fields": {
@@ -136,7 +154,7 @@ class Supervisor:
             with theirs:
                 worker.process = await trio.lowlevel.open_process(
                     [*self.command(worker), *worker_flags(theirs.fileno(), len(self.workers))],
-                    pass_fds=(theirs.fileno(),), start_new_session=True,
+                    pass_fds=(theirs.fileno(), worker.http.fileno()), start_new_session=True,
                     env=worker_link.worker_env())
             code = await self.hub.attend(worker.index, worker.process, mine)
             if self.stopping:
