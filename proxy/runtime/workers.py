@@ -1,8 +1,8 @@
 """``kproxy run --workers N``: N proxy processes on the same ports, one supervisor.
 
 One kproxy process uses one core. The supervisor starts N workers — each a plain
-``kproxy run`` with the same configuration, ``--reuse-port on`` and an HTTP port of
-its own on loopback — so the kernel spreads client connections over them
+``kproxy run`` with the same configuration, ``--reuse-port on`` and an HTTP listener
+of its own on loopback, opened by the supervisor and handed down — so the kernel spreads client connections over them
 (SO_REUSEPORT). It restarts a worker that dies (with a growing pause if it keeps
 dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT asks
 every worker to drain and waits for them; a second SIGTERM/SIGINT kills them (stop
