@@ -2,9 +2,9 @@
 
 One kproxy process uses one core. The supervisor starts N workers — each a plain
 ``kproxy run`` with the same configuration, ``--reuse-port on`` and an HTTP listener
-of its own on loopback, opened by the supervisor and handed down — so the kernel spreads client connections over them
-(SO_REUSEPORT). It restarts a worker that dies (with a growing pause if it keeps
-dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT asks
+of its own on loopback, opened by the supervisor and handed down — so the kernel
+spreads client connections over them (SO_REUSEPORT). It restarts a worker that dies
+(with a growing pause if it keeps dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT asks
 every worker to drain and waits for them; a second SIGTERM/SIGINT kills them (stop
 now). Workers run in their own session (``kproxy.runtime.worker_link``), so a signal
 to the supervisor's process group reaches them once, through the supervisor. It
