@@ -1,20 +1,21 @@
 """``kproxy run --workers N``: N proxy processes on the same ports, one supervisor.
 
 One kproxy process uses one core. The supervisor starts N workers — each a plain
-``kproxy run`` with the same configuration, ``--reuse-port on`` and an HTTP listener
-of its own on loopback, opened by the supervisor and handed down — so the kernel
-spreads client connections over them (SO_REUSEPORT). It restarts a worker that dies
-(with a growing pause if it keeps dying), passes SIGHUP on to every worker (each reloads), and on SIGTERM/SIGINT asks
-every worker to drain and waits for them; a second SIGTERM/SIGINT kills them (stop
-now). Workers run in their own session (``kproxy.runtime.worker_link``), so a signal
-to the supervisor's process group reaches them once, through the supervisor. It
-serves the configured HTTP address itself (``kproxy.runtime.supervisor_http``):
-``/metrics`` is every worker's exposition combined into one, with their facts
-(``/internal/facts``: groups, telemetry instances) merged into one group model and
-one series per client instance (``kproxy.metrics.worker_merge``); ``/`` and
-``/status.json`` every worker's status merged; ``/readyz`` is ready while any worker
-is ready (a dead worker's listener is closed, so no connection reaches it); and
-``/admin/rebootstrap`` is passed to every worker.
+``kproxy run`` with the same configuration, ``--reuse-port on`` and an HTTP listener of
+its own on loopback, opened by the supervisor and handed down — so the kernel spreads
+client connections over them (SO_REUSEPORT). It restarts a worker that dies (with a
+growing pause if it keeps dying), passes SIGHUP on to every worker (each reloads), and
+on SIGTERM/SIGINT asks every worker to drain and waits for them; a second SIGTERM/SIGINT
+kills them (stop now). Workers run in their own session
+(``kproxy.runtime.worker_link``), so a signal to the supervisor's process group reaches
+them once, through the supervisor. It serves the configured HTTP address itself
+(``kproxy.runtime.supervisor_http``): ``/metrics`` is every worker's exposition combined
+into one, with their facts (``/internal/facts``: groups, telemetry instances) merged
+into one group model and one series per client instance
+(``kproxy.metrics.worker_merge``); ``/`` and ``/status.json`` every worker's status
+merged; ``/readyz`` is ready while any worker is ready (a dead worker's listener is
+closed, so no connection reaches it); and ``/admin/rebootstrap`` is passed to every
+worker.
 
 Besides the ports, the workers share one thing: the connection counts, kept by the
 supervisor (``kproxy.runtime.admission_hub``; each worker asks over its own socket
