@@ -46,7 +46,10 @@ _EOF = "# EOF\n"
 
 async def ask_all(sup: Supervisor, path: str, headers: dict[str, str] | None = None,
                   method: str = "GET") -> list[tuple[int, bytes]]:
-    """Every worker's answer to ``method path``, in worker order; (0, b"") when none."""
+    """Every worker's answer to ``method path``, in worker order; (0, b"") when none. A
+    worker not running is not asked: its listener stays open for its restart, and a
+    connection to it would wait out the timeout (one starting is asked, and answers
+    once it accepts)."""
     answers: list[tuple[int, bytes]] = [(0, b"")] * len(sup.workers)
     token = sup.cfg.identity.admin_token
     if token is not None:  # the workers guard what the supervisor guards
@@ -68,7 +71,8 @@ async def ask_all(sup: Supervisor, path: str, headers: dict[str, str] | None = N
 
     async with trio.open_nursery() as nursery:
         for i, worker in enumerate(sup.workers):
-            nursery.start_soon(one, i, worker.http_port)
+            if worker.process is not None and worker.process.returncode is None:
+                nursery.start_soon(one, i, worker.http_port)
     return answers
 
 
