@@ -88,9 +88,10 @@ async def churn_one(port: int, kind: int, tls: ssl.SSLContext | None) -> None:
 
 
 async def settle(proxy: Proxy, timeout: float = 120) -> None:
-    """Wait until every churned connection has been closed by the proxy too."""
+    """Wait until every churned connection has been closed by the proxy too: its
+    admission given back and its session gone (and so its gauge decremented)."""
     with trio.fail_after(timeout):
-        while proxy.admission.open:
+        while proxy.admission.open or proxy.sessions:
             await trio.sleep(0.1)
 
 

@@ -112,7 +112,8 @@ def test_new_upstream_list_to_the_same_backend_is_one_forced_change(tmp_path: Pa
             assert before.request(api_keys.METADATA, 13, metadata).body["error_code"] == 0
             cfg.write_text(f'upstream = "localhost:{broker.port}"\n')  # same broker
             kp.signal(signal.SIGHUP)
-            wait_for_log(kp, "backend changed: upstream_reconfigured")
+            # Every worker applies it: wait for all of them, whichever holds `before`.
+            wait_for_log(kp, "backend changed: upstream_reconfigured", times=workers(kp))
             before.cid += 1
             before.sock.sendall(encode_request(api_keys.METADATA, 13, before.cid, metadata))
             try:
