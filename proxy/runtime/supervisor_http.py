@@ -71,7 +71,7 @@ async def ask_all(sup: Supervisor, path: str, headers: dict[str, str] | None = N
 
     async with trio.open_nursery() as nursery:
         for i, worker in enumerate(sup.workers):
-            if worker.process is not None and worker.process.returncode is None:
+            if worker.running:
                 nursery.start_soon(one, i, worker.http_port)
     return answers
 
@@ -81,7 +81,7 @@ def worker_infos(sup: Supervisor) -> list[WorkerInfo]:
     out = []
     for w in sup.workers:
         proc = w.process
-        alive = proc is not None and proc.returncode is None
+        alive = w.running
         out.append(WorkerInfo(w.index, w.http_port, proc.pid if proc is not None else None, alive,
                               w.restarts))
     return out

@@ -100,6 +100,11 @@ class Worker:
     def http_port(self) -> int:
         return int(self.http.getsockname()[1])
 
+    @property
+    def running(self) -> bool:
+        """Started and not exited (``returncode`` polls the process)."""
+        return self.process is not None and self.process.returncode is None
+
 
 class Supervisor:
     def __init__(self, cfg: Config, run_argv: list[str], count: int) -> None:
@@ -214,7 +219,7 @@ class Supervisor:
         """Per worker: pid, alive, restarts, connections it holds, counts given back."""
         return self.hub.worker_rows([
             (w.index, w.process.pid if w.process else None, w.restarts,
-             w.process is not None and w.process.returncode is None) for w in self.workers])
+             w.running) for w in self.workers])
 
     def limit_rows(self) -> list[dict[str, object]]:
         """The global connection limits: value, use now, refusals (status "limits" rows)."""
