@@ -215,13 +215,18 @@ def read_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> tuple[int
         raise CodecError(f"{spec.name} v{version} has no tagged fields", what=spec.name)
     skip(spec, version, r, stop_before_tags=True)
     start = r.pos
+    return start, decode_top_level_tags(spec, version, r)
+
+
+def decode_top_level_tags(spec: MessageSpec, version: int, r: Reader) -> Message:
+    """Decode a body's top-level tagged section, which starts at ``r`` and ends the body."""
     out: Message = {}
     try:
         _decode_tags(plan_of(spec.body, version, True), version, r, out)
     except CodecError as exc:
         raise exc.within(spec.name) from None
     r.expect_end(spec.name)
-    return start, out
+    return out
 
 
 def encode_top_level_tags(spec: MessageSpec, version: int, tags: Message) -> bytes:

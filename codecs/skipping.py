@@ -174,7 +174,7 @@ _PRODUCE_FIRST, _PRODUCE_LAST = 10, 13  # the versions that carry NodeEndpoints
 _PARTITION_FIXED = 4 + 2 + 8 + 8 + 8  # index, error_code, base_offset, append time, log start
 
 
-def _uvarint_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+def uvarint_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     """An unsigned LEB128 (at most 5 bytes) at ``pos`` and the position after it;
     (-1, end + 1) when it runs past ``end`` or is too long."""
     value = shift = 0
@@ -192,10 +192,10 @@ def _tags_end(buf: bytes | memoryview, pos: int, end: int) -> int:
     """Past a tagged section; ``end + 1`` when it does not fit."""
     if pos < end and buf[pos] == 0:  # no tags: nearly every section
         return pos + 1
-    count, pos = _uvarint_at(buf, pos, end)
+    count, pos = uvarint_at(buf, pos, end)
     for _ in range(max(count, 0)):
-        _, pos = _uvarint_at(buf, pos, end)
-        size, pos = _uvarint_at(buf, pos, end)
+        _, pos = uvarint_at(buf, pos, end)
+        size, pos = uvarint_at(buf, pos, end)
         if size < 0 or pos > end:
             return end + 1
         pos += size
@@ -204,7 +204,7 @@ def _tags_end(buf: bytes | memoryview, pos: int, end: int) -> int:
 
 def _sized_end(buf: bytes | memoryview, pos: int, end: int) -> int:
     """Past a compact (nullable) string; ``end + 1`` when it does not fit."""
-    size, pos = _uvarint_at(buf, pos, end)
+    size, pos = uvarint_at(buf, pos, end)
     return end + 1 if size < 0 else pos + max(size - 1, 0)
 
 
@@ -215,19 +215,19 @@ def produce_tags_at(frame: bytes | memoryview, version: int) -> int | None:
         return None
     end = len(frame)
     pos = _tags_end(frame, 4, end)  # correlation id, then the header's tags
-    topics, pos = _uvarint_at(frame, pos, end)
+    topics, pos = uvarint_at(frame, pos, end)
     topics -= 1
     if topics < 0 or topics > end - pos:
         return None  # a null or oversized array: the general walk says why
     for _ in range(topics):
         pos = pos + 16 if version >= 13 else _sized_end(frame, pos, end)  # id or name
-        partitions, pos = _uvarint_at(frame, pos, end)
+        partitions, pos = uvarint_at(frame, pos, end)
         partitions -= 1
         if partitions < 0 or partitions > end - pos:
             return None
         for _ in range(partitions):
             pos += _PARTITION_FIXED
-            errors, pos = _uvarint_at(frame, pos, end)
+            errors, pos = uvarint_at(frame, pos, end)
             errors -= 1
             if errors < -1 or errors > end - pos:
                 return None

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kproxy.codecs.partial.fetch_walk import FetchWalk
 from kproxy.codecs.peek import RequestPeek
 from kproxy.policies.proxy_state import HostPort, ProxyState
 from kproxy.policies.rebootstrap import Action, on_change
@@ -122,6 +123,14 @@ class ResponseHandler(Protocol):
 
     def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled: ...
+
+
+class ResponseStream(Protocol):
+    """A response relayed as it arrives yet rewritten (``policies.handlers.FetchStream``)."""
+
+    walk: FetchWalk
+
+    def finish(self, tail: bytes | memoryview) -> tuple[bytes | memoryview, Handled]: ...
 
 
 class ResponseObserver(Protocol):
@@ -260,6 +269,16 @@ class ConnectionState:
             return True
         return bool(self.follow_ups) and any(
             key == api_key for key, _ in self.follow_ups.values())
+
+    def response_stream(self, api_key: int, api_version: int, upstream_version: int,
+                        size: int) -> ResponseStream | None:
+        """How a response it ``wants_response`` can be relayed as it arrives, rewritten
+        on the way; None when it must be received whole."""
+        if api_version != upstream_version or any(
+                key == api_key for key, _ in self.follow_ups.values()):
+            return None
+        stream = getattr(self._responses.get(api_key), "stream", None)
+        return None if stream is None else stream(self, api_version, size)
 
     def response(self, api_key: int, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:

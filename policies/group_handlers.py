@@ -221,16 +221,31 @@ class FetchWatermarks:
         """A Fetch response (or, when not ``complete``, its head) the proxy relays."""
         self.walk(api_version, body)
 
+    def stream(self, conn: ConnectionState, api_version: int, size: int) -> Any:
+        """A large response relayed as it arrives: its high watermarks come from the
+        walk that relays it (``policies.handlers.FetchStream``)."""
+        stream = getattr(self.inner, "stream", None)
+        return None if stream is None else stream(conn, api_version, size, self.record)
+
     def walk(self, api_version: int, body: memoryview | bytes) -> int | None:
         """Record the high watermarks in ``body``; where its topics end (None: not reached)."""
-        watch = self.watch
         end = None
+        marks: list[Watermark] = []
         try:
-            marks: list[Watermark] = []
             end = fetch_watermarks(api_version, body, marks)
+        except Exception as exc:  # observation must never break forwarding
+            self.watch.failed("Fetch response", exc)
+            return end
+        self.record(marks)
+        return end
+
+    def record(self, marks: list[Watermark]) -> None:
+        """High watermarks (topic id or name, partition, watermark) read from a response."""
+        watch = self.watch
+        try:
             watch.watermark_walks += 1
             if not marks:
-                return end
+                return
             names = watch.names
             named = []
             for topic, partition, hwm in marks:
@@ -240,7 +255,6 @@ class FetchWatermarks:
             watch.tracker.high_watermarks(named, watch.clock())
         except Exception as exc:  # observation must never break forwarding
             watch.failed("Fetch response", exc)
-        return end
 
 
 class MetadataTopicNames:

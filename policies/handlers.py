@@ -19,6 +19,7 @@ from kproxy.codecs.messages import (
     encode_response,
     encode_response_parts,
 )
+from kproxy.codecs.partial.fetch_walk import FetchWalk, knows
 from kproxy.codecs.peek import RequestPeek, peek_response_error
 from kproxy.codecs.registry import DECODED
 from kproxy.policies.api_versions import bridge_metadata_version, cap_api_versions
@@ -35,6 +36,7 @@ from kproxy.policies.connection import (
     ResponseHandler,
     ResponseObserver,
 )
+from kproxy.policies.fetch_watermarks import Watermark
 from kproxy.policies.filters.chain import BuiltinFilter
 from kproxy.policies.group_handlers import (
     GROUP_APIS,
@@ -54,8 +56,10 @@ from kproxy.policies.rebootstrap import Action, metadata_action
 from kproxy.policies.rewrite import (
     METADATA_OPAQUE,
     NODE_ENDPOINTS_SINCE,
+    Rewritten,
     rewrite_metadata,
     rewrite_response_frame,
+    rewrite_tags_in_place,
 )
 from kproxy.policies.rewrite_cache import CachedRewrite, RewriteKey
 
@@ -221,14 +225,69 @@ class AddressResponse:
 
     def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
-        shared = conn.shared
-        result = rewrite_response_frame(self.api_key, api_version, body, shared.port_map)
-        seen = result.seen
-        if not (seen.nodes or seen.out_of_range or seen.complete):
-            # No broker named (a Produce or Fetch response without NodeEndpoints, the
-            # usual case): nothing about the backend for the shell to take in.
-            return Handled(result.frame)
-        return Handled(result.frame, seen, shared.learn(seen, conn.connected_epoch))
+        result = rewrite_response_frame(self.api_key, api_version, body,
+                                        conn.shared.port_map)
+        return address_handled(conn, result)
+
+    def stream(self, conn: ConnectionState, api_version: int, size: int,
+               on_marks: Marks | None = None) -> FetchStream | None:
+        """A large response of ``size`` body bytes relayed as it arrives (Fetch v16+)."""
+        if not FetchStream.streams(self.api_key, api_version):
+            return None
+        return FetchStream(conn, api_version, size, on_marks)
+
+
+# ----------------------------------------------------------------------------- streamed
+#
+# A Fetch v16+ response must be looked at for NodeEndpoints (KIP-951), in its top-level
+# tagged section after every record. Received whole, a consumer's responses were most of
+# the proxy's CPU per byte consumed. A large one is streamed instead: the shell relays it
+# as it arrives (``kproxy.session.streamed``), its skeleton walked as it passes
+# (``codecs.partial.fetch_walk``), its records spliced unseen, and only the tail is
+# rewritten, into exactly its own size: the response's size went to the client with its
+# first bytes (``rewrite_tags_in_place``).
+
+Marks = Callable[[list[Watermark]], None]  # high watermarks, for group lag
+
+
+class FetchStream:
+    """One Fetch response of ``size`` body bytes on its way through."""
+
+    __slots__ = ("_conn", "_on_marks", "walk")
+
+    def __init__(self, conn: ConnectionState, api_version: int, size: int,
+                 on_marks: Marks | None) -> None:
+        self._conn = conn
+        self._on_marks = on_marks  # the high watermarks, for consumer-group lag
+        self.walk = FetchWalk(api_version, size)
+
+    @staticmethod
+    def streams(api_key: int, api_version: int) -> bool:
+        return api_key == api_keys.FETCH and api_version >= 16 and knows(api_version)
+
+    def finish(self, tail: bytes | memoryview) -> tuple[bytes | memoryview, Handled]:
+        """The top-level tagged section (all that is left of the body): what to send
+        in its place (as many bytes), and what the response told about the backend.
+        Raises CodecError when it cannot be read."""
+        if self._on_marks is not None:
+            self._on_marks([(topic, index, hwm)
+                            for topic, index, error, hwm in self.walk.heads if not error])
+        if len(tail) == 1 and tail[0] == 0:  # no tags: no NodeEndpoints, the usual case
+            return tail, Handled()
+        conn = self._conn
+        result = rewrite_tags_in_place(api_keys.FETCH, self.walk.version, tail,
+                                       conn.shared.port_map)
+        return result.frame or tail, address_handled(conn, result)
+
+
+def address_handled(conn: ConnectionState, result: Rewritten) -> Handled:
+    """What a rewrite of broker addresses tells the shell about the backend."""
+    seen = result.seen
+    if not (seen.nodes or seen.out_of_range or seen.complete):
+        # No broker named (a Produce or Fetch response without NodeEndpoints, the
+        # usual case): nothing about the backend for the shell to take in.
+        return Handled(result.frame)
+    return Handled(result.frame, seen, conn.shared.learn(seen, conn.connected_epoch))
 
 
 class SaslAuthenticateResponse:

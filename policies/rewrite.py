@@ -16,14 +16,20 @@ from typing import Any
 from kproxy.codecs import api_keys
 from kproxy.codecs.canonical import omit_default_tags
 from kproxy.codecs.error_codes import ErrorCode
+from kproxy.codecs.errors import CodecError
 from kproxy.codecs.headers import read_response_header
-from kproxy.codecs.interpreter import encode_top_level_tags, read_top_level_tags
+from kproxy.codecs.interpreter import (
+    UNKNOWN_TAGS,
+    decode_top_level_tags,
+    encode_top_level_tags,
+    read_top_level_tags,
+)
 from kproxy.codecs.messages import Response, decode_response, encode_response
+from kproxy.codecs.partial.tail import encode_tail, read_tail
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schemas import metadata
 from kproxy.codecs.skipping import produce_names_no_broker
-from kproxy.codecs.tail import encode_tail, read_tail
 from kproxy.policies.addressing import BrokerAddress, PortMap
 
 COORDINATOR_NOT_AVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -167,3 +173,52 @@ def _rewrite_node_endpoints(api_key: int, api_version: int, frame: bytes | memor
     else:
         encoded = encode_top_level_tags(spec, api_version, tail)
     return Rewritten(bytes(memoryview(frame)[:start]) + encoded, seen)
+
+
+# The unknown tag that pads a section rewritten in place to its original size: no Kafka
+# message defines it (their tags count up from 0), and clients skip tags they do not know.
+PAD_TAG = 0x3FFF
+
+
+def rewrite_tags_in_place(api_key: int, api_version: int, section: bytes | memoryview,
+                          pm: PortMap) -> Rewritten:
+    """Rewrite the top-level tagged section of a response whose size has already gone
+    to the client (its records were relayed as they came): the result has exactly
+    ``len(section)`` bytes. NodeEndpoints that no longer fit are left out (the section
+    padded instead): the client then finds the new leader with a Metadata request, as
+    it did before KIP-951. Raises CodecError on a section it cannot read."""
+    spec = DECODED[api_key].response
+    tags = decode_top_level_tags(spec, api_version, Reader(section))
+    endpoints = tags.get("node_endpoints")
+    seen = Seen()
+    if not endpoints:
+        return Rewritten(None, seen)
+    tags["node_endpoints"] = rewrite_broker_list(endpoints, pm, seen)
+    fitted = _fit(api_key, api_version, tags, len(section))
+    if fitted is None:
+        del tags["node_endpoints"]
+        fitted = _fit(api_key, api_version, tags, len(section))
+    if fitted is None:
+        raise CodecError(f"a tagged section of {len(section)} bytes cannot be rewritten "
+                         "in place", what=spec.name)
+    return Rewritten(fitted, seen)
+
+
+def _fit(api_key: int, api_version: int, tags: Body, size: int) -> bytes | None:
+    """``tags`` encoded in exactly ``size`` bytes (padded with ``PAD_TAG``), or None."""
+    spec = DECODED[api_key].response
+    encoded = encode_top_level_tags(spec, api_version, tags)
+    if len(encoded) == size:
+        return encoded
+    unknown: dict[int, bytes] = dict(tags.get(UNKNOWN_TAGS) or {})
+    pad = max([PAD_TAG, *(tag + 1 for tag in unknown)])
+    fill = size - len(encoded)
+    for _ in range(4):  # the pad's own length fields settle within a few tries
+        if fill < 0:
+            return None
+        unknown[pad] = bytes(fill)
+        out = encode_top_level_tags(spec, api_version, {**tags, UNKNOWN_TAGS: unknown})
+        if len(out) == size:
+            return out
+        fill -= len(out) - size
+    return None

@@ -36,6 +36,7 @@ from kproxy.session import splice, throttle
 from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import Slot
+from kproxy.session.streamed import stream_through
 from kproxy.session.transport import SocketTransport, Transport
 
 if TYPE_CHECKING:
@@ -335,6 +336,16 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
         elif total >= LARGE_FRAME:
             await _pass_through(session, upstream, reader, charge, slot)
         return
+    if slot is not None and ordered.is_next(slot) and splice_from and total >= splice_from:
+        # To rewrite, yet relayed as it arrives: its records spliced (Fetch v16+).
+        stream = session.conn.response_stream(slot.api_key, slot.api_version,
+                                               slot.upstream_version, total - 4)
+        pipe = splice.PIPES.take() if stream is not None else None
+        if pipe is not None:
+            assert ends is not None and stream is not None
+            throttle.on_fetch_bytes(session, slot, total)
+            await stream_through(session, ends[1], reader, charge, slot, pipe, stream)
+            return
     if total >= LARGE_FRAME:  # to rewrite, or behind a local answer, or a stray answer
         await charge.reserve_to(total)
         reader.open_in_place()

@@ -1,0 +1,145 @@
+"""A large response relayed as it arrives, yet rewritten on the way.
+
+A Fetch v16+ response may carry broker addresses after its records, so it used to be
+received whole before a byte of it went on: a consumer's responses cost the proxy
+more CPU per byte than anything else it relays, and each waited for its last byte.
+``relay.py`` sends such a response here when the state can stream it (a
+``ResponseStream``, ``policies.handlers.FetchStream``), both sides are plain TCP and a pipe is
+free. Its skeleton passes through the process and is walked as it goes; its records
+are spliced from the broker's socket to the client's, never copied in; its top-level
+tagged section, the last bytes, is received and rewritten into as many bytes (the
+response's size went out with its first bytes).
+
+Ordering, the write lock and the memory budget are as for the splice path
+(``ClientWriter.splice``). A response that turns out malformed, or a peer that goes,
+leaves the client with part of a frame: the session ends, as it does on a malformed
+response received whole.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import trio
+
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import FrameReader
+from kproxy.memory import Charge
+from kproxy.policies.connection import Handled, ResponseStream
+from kproxy.policies.rebootstrap import Action
+from kproxy.session import splice, throttle
+from kproxy.session.errors import PeerGone
+from kproxy.session.inflight import Slot
+from kproxy.session.transport import Buffer, SocketTransport
+
+if TYPE_CHECKING:
+    from kproxy.session.session import Session
+
+# How much one receive asks for when the walk needs more of the skeleton: a partition's
+# head is about 50 bytes; what comes with it of the records is copied, not spliced.
+SKELETON_BYTES = 4096
+# A top-level tagged section larger than this is not a response the proxy relays.
+MAX_TAIL_BYTES = 1 << 20
+
+
+async def stream_through(session: Session, upstream: SocketTransport, reader: FrameReader,
+                         charge: Charge, slot: Slot, pipe: splice.Pipe,
+                         stream: ResponseStream) -> None:
+    """Relay the pending response of ``slot`` to the client as its bytes arrive."""
+    ordered = session.ordered
+    ordered.next_upstream(slot.correlation_id)
+    parts, rest = reader.take_partial()
+    parts = throttle.head_parts(slot, parts)
+    size = sum(map(len, parts)) + rest
+    writer = session.writer
+    try:
+        async with writer.lock:
+            ordered.pop_head(slot)  # under the lock: see ClientWriter.relay
+            handled = await _relay(session, upstream, parts, rest, charge, pipe, stream)
+    except BaseException as exc:  # cut short: the client has part of a frame
+        splice.PIPES.give_back(pipe, empty=False)
+        if isinstance(exc, PeerGone):
+            session.services.events.upstream_lost(session.conn, "broker closed the "
+                                                  "connection mid-response")
+        session.close()
+        raise
+    splice.PIPES.give_back(pipe, empty=True)
+    upstream.may_have_bytes()  # what follows the frame may be waiting already
+    session.last_activity = trio.current_time()
+    writer.answered(slot, size)
+    if handled.seen is not None or handled.rebootstrap is not Action.NONE:
+        await session.services.backend.observed(handled, session.conn)
+    await writer.flush()  # answers behind it that a flush found not yet ready
+
+
+async def _relay(session: Session, upstream: SocketTransport, parts: list[memoryview],
+                 rest: int, charge: Charge, pipe: splice.Pipe,
+                 stream: ResponseStream) -> Handled:
+    """Walk, send and splice until the tail; send the tail as the state rewrote it."""
+    client = session.writer.transport
+    assert isinstance(client, SocketTransport)
+    send = session.writer.send
+    walk = stream.walk
+    first = parts[0] if len(parts) == 1 else memoryview(b"".join(parts))
+    out: list[Buffer] = [first[:4]]  # the size prefix, unchanged: the size is kept
+    window = first[4:]  # received and not yet walked past
+    charge.settle(len(first) + pipe.size)
+    while True:
+        used = walk.advance(window)
+        if used:
+            out.append(window[:used])
+            window = window[used:]
+        if walk.opaque:
+            here = min(walk.opaque, len(window))
+            if here:
+                out.append(window[:here])
+                window = window[here:]
+                walk.skip(here)
+            if walk.opaque:  # the rest of the run is still in the broker's socket
+                n = walk.opaque
+                await send(out)
+                out = []
+                charge.settle(pipe.size)
+                await splice.splice_exactly(upstream.fd, client.fd, n, pipe,
+                                            read_timeout=math.inf,
+                                            write_timeout=session.config.write_timeout)
+                rest -= n
+                walk.skip(n)
+            continue
+        if walk.at_tail:
+            if walk.tail_size > MAX_TAIL_BYTES:
+                raise CodecError(f"top-level tagged section of {walk.tail_size} bytes",
+                                 what="FetchResponse")
+            charge.settle(walk.tail_size + pipe.size)
+            tail = await _receive(upstream, window, rest, exactly=True)
+            replaced, handled = stream.finish(tail)
+            out.append(replaced)
+            await send(out)
+            return handled
+        if not rest:
+            raise CodecError("response ends inside its structure", what="FetchResponse")
+        more = await _receive(upstream, window, min(rest, SKELETON_BYTES), exactly=False)
+        rest -= len(more) - len(window)
+        window = more
+
+
+async def _receive(src: SocketTransport, held: memoryview, want: int, *,
+                   exactly: bool) -> memoryview:
+    """``held`` followed by at least one (``exactly``: all ``want``) more bytes from
+    ``src``, in a buffer of their own (what was sent from ``held`` stays valid)."""
+    buf = bytearray(len(held) + want)
+    buf[: len(held)] = held
+    view = memoryview(buf)
+    filled = len(held)
+    while filled < len(buf):
+        room = view[filled:]
+        got = src.receive_into_now(room)
+        if got is None:
+            got = await src.receive_into(room)
+        if not got:
+            raise PeerGone("closed in the middle of a frame")
+        filled += got
+        if not exactly:
+            break
+    return view[:filled]
