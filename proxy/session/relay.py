@@ -250,13 +250,17 @@ async def relay_responses(session: Session, upstream: Transport) -> None:
     with TaskGuard(session):
         reader = FrameReader(session.config.max_frame_bytes)
         charge = Charge(session.services.budget)
+        # After a response spliced past the process, the next receive asks only for a
+        # header's worth: a consumer's next response is likely large too, and what is
+        # received into the process is copied in and out (as for requests).
+        recv_bytes = RECV_BYTES
         try:
             while True:
                 if not reader.held() and not charge.room_now():
                     await charge.wait_for_room()
-                n = upstream.fill_now(reader, RECV_BYTES)
+                n = upstream.fill_now(reader, recv_bytes)
                 if n is None:
-                    n = await upstream.fill(reader, RECV_BYTES)
+                    n = await upstream.fill(reader, recv_bytes)
                 if not n:
                     session.services.events.upstream_lost(session.conn,
                                                           "broker closed the connection")
@@ -267,8 +271,10 @@ async def relay_responses(session: Session, upstream: Transport) -> None:
                     await session.writer.flush()
                     held = reader.held()
                     charge.settle(held)
-                    if held:  # a large response may have started
-                        await _handle_pending(session, upstream, reader, charge)
+                    # A large response may have started.
+                    spliced = bool(held) and await _handle_pending(session, upstream,
+                                                                   reader, charge)
+                    recv_bytes = PEEK_BYTES if spliced else RECV_BYTES
                 except (CodecError, ProtocolViolation) as exc:
                     session.services.events.decode_error("response", "frame", exc,
                                                          session.conn)
@@ -313,17 +319,18 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
 
 
 async def _handle_pending(session: Session, upstream: Transport, reader: FrameReader,
-                          charge: Charge) -> None:
+                          charge: Charge) -> bool:
     """A large response has started and is not complete: splice or pass it through, or
-    receive it whole in place when it must be rewritten (its size reserved first)."""
+    receive it whole in place when it must be rewritten (its size reserved first).
+    Whether its rest was spliced."""
     pending = reader.pending()
     if pending is None or len(pending[1]) < 8:
-        return
+        return False
     total, head = pending
     ends = session.splice_ends()
     splice_from = session.config.splice_from if ends is not None else 0
     if total < LARGE_FRAME and not (splice_from and total >= splice_from):
-        return
+        return False
     ordered = session.ordered
     slot = ordered.peek_upstream(peek_correlation_id(head[4:]))
     if (slot is not None and ordered.is_next(slot)
@@ -333,9 +340,10 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
         if pipe is not None:
             assert ends is not None
             await _splice_through(session, ends[1], reader, charge, slot, pipe)
-        elif total >= LARGE_FRAME:
+            return True
+        if total >= LARGE_FRAME:
             await _pass_through(session, upstream, reader, charge, slot)
-        return
+        return False
     if slot is not None and ordered.is_next(slot) and splice_from and total >= splice_from:
         # To rewrite, yet relayed as it arrives: its records spliced (Fetch v16+).
         stream = session.conn.response_stream(slot.api_key, slot.api_version,
@@ -345,10 +353,11 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
             assert ends is not None and stream is not None
             throttle.on_fetch_bytes(session, slot, total)
             await stream_through(session, ends[1], reader, charge, slot, pipe, stream)
-            return
+            return True
     if total >= LARGE_FRAME:  # to rewrite, or behind a local answer, or a stray answer
         await charge.reserve_to(total)
         reader.open_in_place()
+    return False
 
 
 async def _splice_through(session: Session, upstream: SocketTransport, reader: FrameReader,

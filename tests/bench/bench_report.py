@@ -220,18 +220,19 @@ Profiled on this machine with py-spy and perf during each workload.
   nobody needs whole is spliced socket to socket once its header is peeked (Linux, plain
   TCP; see architecture.md): side by side with a0711bf (4 paired rounds of 200,000 1 KB
   messages, one worker each) the proxy's CPU per GB produced was 0.77 of the copy path's
-  (median 0.78; rounds 0.74-1.21), and consume, whose Fetch v16 responses are still received
-  whole to be rewritten, 0.94 (0.88-1.14: within noise). On two cores every CPU-second the
+  (median 0.78; rounds 0.74-1.21). On two cores every CPU-second the
   proxy takes comes out of the client's and the broker's, so any extra hop costs some
   throughput; the run-to-run spread of the broker itself is large (see the JSON).
 - **Consume.** A Fetch v16+ response may end with NodeEndpoints (KIP-951), which must be
-  rewritten, and a rewrite changes the size prefix at the start of the frame. So kproxy
-  receives each such response whole (in place, its size reserved from the memory
-  budget) before sending it on, where haproxy streams bytes as they come; with one
-  fetch in flight per broker (librdkafka) each response's relay time adds to the fetch
-  loop. A large response no handler needs whole (Fetch below v16) is passed through as
-  its bytes arrive. Produce responses and every request are relayed the moment they
-  are complete.
+  rewritten, and a rewrite changed the size prefix at the start of the frame, so kproxy
+  received each such response whole before sending it on: about twice the CPU per GB
+  of a spliced frame, and each response's relay time added to librdkafka's fetch loop.
+  Now a large one is relayed as it arrives (architecture.md, "Large Fetch responses"):
+  its skeleton walked, its records spliced, its last bytes rewritten into the same size.
+  Side by side with c3dc8cf (5 paired rounds, 400,000 messages of 1 KB consumed, one
+  worker each): 0.58 of the CPU per GB consumed (0.78 against 1.32 CPU-seconds) and
+  1.12x the throughput. A response no handler needs whole (Fetch below v16) is spliced
+  or passed through as its bytes arrive.
 - **Small requests.** A relayed request costs the proxy two wake-ups (request in,
   response back) and four socket calls. Measured alone side by side with 8762e0a (7
   paired rounds at 1,000/s, quiet machine): 0.245 ms of CPU per single-message produce
@@ -276,8 +277,9 @@ SCALING_NOTE = """
   connections cost memory, not CPU. Raise the open-file limit to twice the connections
   you expect.
 - **Partitions.** Fetch (v16+) and Produce (v10+) responses are walked partition by
-  partition to reach their tagged fields (records are skipped by length, never copied):
-  cost grows with partitions per response, not with bytes.
+  partition to reach their tagged fields (records are skipped by length, never copied;
+  a large Fetch response's records are spliced past the process as they arrive): cost
+  grows with partitions per response, not with bytes.
 - **More than one core.** `kproxy run` starts one worker process per CPU it may use
   (`--workers N`; the default is its CPU affinity, capped by a cgroup CPU quota such as
   a Kubernetes CPU limit, rounded up), all bound to the same ports (SO_REUSEPORT): the

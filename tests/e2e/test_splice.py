@@ -374,6 +374,43 @@ async def test_after_a_spliced_request_a_receive_asks_for_a_header_only(
     proxy.shutdown()
 
 
+async def test_after_a_spliced_response_a_receive_asks_for_a_header_only(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on the broker's side: after a spliced response the next receive from
+    the broker asks for ``PEEK_BYTES`` (a consumer's next response is likely large
+    too), after a response taken whole for ``RECV_BYTES`` again."""
+    asked: list[tuple[int, int]] = []
+    fill_now = SocketTransport.fill_now
+
+    def recording(self: SocketTransport, reader: FrameReader, max_bytes: int) -> int | None:
+        asked.append((self.fd, max_bytes))
+        return fill_now(self, reader, max_bytes)
+
+    monkeypatch.setattr(SocketTransport, "fill_now", recording)
+    box: list[Proxy] = []
+    broker = await SplitEchoBroker(lambda: box[0].budget.used).start(nursery)
+    proxy = await start_proxy(nursery, broker.fake.bootstrap)
+    box.append(proxy)
+    client = await RawClient.connect(proxy.bootstrap_port or 0)
+    before = splice.PIPES.frames
+    plan = [(1, 100), (2, 1_000_000), (3, 700_000), (4, 100)]  # response sizes
+    for cid, size in plan:
+        await client.send(echo_request(cid, 100, size, 0))
+        frame = await client.read_frame()
+        assert frame is not None and struct.pack(">i", len(frame)) + frame == \
+            echo_response(cid, size)
+    peeks = {fd for fd, n in asked if n == PEEK_BYTES}
+    assert len(peeks) == 1, asked  # only the broker side, only after a splice
+    (upstream_fd,) = peeks
+    mine = [n for fd, n in asked if fd == upstream_fd]
+    assert mine[0] == RECV_BYTES and PEEK_BYTES in mine and mine[-1] == RECV_BYTES, mine
+    assert splice.PIPES.frames - before == 2
+    await client.aclose()
+    await until(lambda: not proxy.sessions, "every session ended")
+    assert proxy.budget.used == 0
+    proxy.shutdown()
+
+
 def _produce_and_consume(bootstrap: str, topic: str, values: list[bytes]) -> list[bytes]:
     """Produce ``values`` with confluent-kafka and read the partition back to its end."""
     from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
