@@ -24,10 +24,11 @@ import atheris
 with atheris.instrument_imports():
     from targets import (  # type: ignore[import-not-found]
         decode_response_opaque,
+        stream_fetch_response,
         walk_response,
     )
 
-    from kproxy.codecs import compression, messages
+    from kproxy.codecs import api_keys, compression, messages
     from kproxy.codecs.errors import CodecError
     from kproxy.codecs.framing import FrameReader
     from kproxy.codecs.otlp import model as otlp
@@ -53,6 +54,8 @@ def one_input(raw: bytes) -> None:
         run(lambda: walk_response(key, version, data))
         run(lambda: decode_response_opaque(key, version, data))
         run(lambda: peek_response_error(data, key, version))
+        if key == api_keys.FETCH:
+            run(lambda: stream_fetch_response(version, data, 1 + len(data) % 61))
     elif target == 2:
         limit = fdp.ConsumeIntInRange(0, 1 << 16)
         reader = FrameReader(max_frame_bytes=limit)

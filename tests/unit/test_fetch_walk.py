@@ -10,7 +10,6 @@ original's size and decodes to rewritten endpoints, or to none and a pad."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 from typing import Any
 
 import pytest
@@ -28,6 +27,8 @@ from kproxy.codecs.registry import DECODED
 from kproxy.policies.addressing import PortMap
 from kproxy.policies.fetch_watermarks import fetch_watermarks
 from kproxy.policies.rewrite import PAD_TAG, rewrite_tags_in_place
+
+from ..fuzz.targets import relay_fetch as drive
 
 SPEC = DECODED[api_keys.FETCH].response
 PM = PortMap("proxy.example", 30000, 40000, 1, 3)
@@ -74,45 +75,6 @@ def schema_tail(frame: bytes, version: int) -> int:
     r = Reader(frame)
     read_response_header(r, api_keys.FETCH, version)
     return read_top_level_tags(SPEC, version, r)[0]
-
-
-def drive(frame: bytes, version: int, pieces: list[int]) -> tuple[FetchWalk, bytes, int]:
-    """Relay ``frame`` as ``proxy.session.streamed`` does, its bytes arriving in pieces of
-    the given sizes: what went out (skeleton and opaque runs, then the tail) and how
-    many bytes went as opaque runs that were not yet received (spliced)."""
-    walk = FetchWalk(version, len(frame))
-    sizes = itertools.cycle([max(p, 1) for p in pieces] or [1])
-    received = next(sizes)
-    window = memoryview(frame)[:received]
-    out = bytearray()
-    spliced = 0
-    for _ in range(4 * len(frame) + 10):  # each turn takes bytes or receives some
-        used = walk.advance(window)
-        out += window[:used]
-        window = window[used:]
-        if walk.opaque:
-            here = min(walk.opaque, len(window))
-            if here:
-                out += window[:here]
-                window = window[here:]
-                walk.skip(here)
-            if walk.opaque:
-                n = walk.opaque
-                out += frame[received : received + n]
-                received += n
-                spliced += n
-                walk.skip(n)
-            continue
-        if walk.at_tail:
-            tail = bytes(window) + frame[received:]
-            assert len(tail) == walk.tail_size
-            return walk, bytes(out) + tail, spliced
-        if received >= len(frame):
-            raise CodecError("response ends inside its structure")
-        more = next(sizes)
-        window = memoryview(bytes(window) + frame[received : received + more])
-        received += more
-    raise AssertionError("the walk made no progress")
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

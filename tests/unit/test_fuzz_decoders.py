@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kproxy.codecs import compression, messages
+from kproxy.codecs import api_keys, compression, messages
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.otlp import model as otlp
@@ -17,7 +17,7 @@ from kproxy.codecs.peek import peek_request
 from kproxy.codecs.registry import DECODED
 
 from ..conftest import load_vectors
-from ..fuzz.targets import decode_response_opaque, walk_response
+from ..fuzz.targets import decode_response_opaque, stream_fetch_response, walk_response
 
 RESPONSE_APIS = [(key, v) for key, api in DECODED.items()
                  for v in range(api.response.valid.lo, api.response.valid.hi + 1)]
@@ -43,6 +43,8 @@ def test_response_decoders(api: tuple[int, int], data: bytes) -> None:
     only_codec_errors(lambda: messages.decode_response(data, key, version))
     only_codec_errors(lambda: walk_response(key, version, data))
     only_codec_errors(lambda: decode_response_opaque(key, version, data))
+    if key == api_keys.FETCH:  # as relayed when it arrives in pieces (session.streamed)
+        only_codec_errors(lambda: stream_fetch_response(version, data, 1 + len(data) % 61))
 
 
 @FUZZ
