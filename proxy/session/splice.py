@@ -31,8 +31,9 @@ import trio
 from kproxy.session.errors import PeerGone, SessionClosed
 
 AVAILABLE = sys.platform == "linux" and hasattr(os, "splice")
-# What each pipe is asked to hold (F_SETPIPE_SZ): the copy path's receive buffer.
-PIPE_BYTES = 256 * 1024
+# What each pipe is asked to hold (F_SETPIPE_SZ): a producer's whole batch (1 MB by
+# default), so it moves in a few splices; pipe-max-size's default allows it.
+PIPE_BYTES = 1024 * 1024
 MAX_PIPES = 32  # open at once per process; beyond, frames take the copy path
 PIPE_FDS = 2 * MAX_PIPES
 # After this many splices that did not wait, yield once to the scheduler.

@@ -234,9 +234,10 @@ async def test_large_fetches_stay_within_the_budget(tmp_path: Path) -> None:
 @pytest.mark.parametrize("max_fetch_version", [None, 15])
 async def test_fetches_that_must_be_rewritten_wait_for_room(
         tmp_path: Path, max_fetch_version: int | None) -> None:
-    """librdkafka fetches at v16, whose responses may carry NodeEndpoints and are
-    received whole: the budget admits them a few at a time, and every consumer still
-    reads everything. With --max-fetch-version 15 they fetch at v15 and pass through."""
+    """librdkafka fetches at v16, whose responses may carry NodeEndpoints: streamed on
+    plain TCP (received whole where they cannot be, and then admitted by the budget a
+    few at a time), every consumer still reads everything within the budget. With
+    --max-fetch-version 15 they fetch at v15 and pass through."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     broker = TansuBroker(log_path=tmp_path / "tansu.log").start()
