@@ -36,8 +36,8 @@ from kproxy.session import splice, throttle
 from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import Slot
-from kproxy.session.streamed import stream_through
-from kproxy.session.transport import SocketTransport, Transport
+from kproxy.session.streamed import pass_through, splice_through, stream_through
+from kproxy.session.transport import Transport
 
 if TYPE_CHECKING:
     from kproxy.session.session import Session
@@ -339,10 +339,10 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
         pipe = splice.PIPES.take() if ends is not None and total >= splice_from else None
         if pipe is not None:
             assert ends is not None
-            await _splice_through(session, ends[1], reader, charge, slot, pipe)
+            await splice_through(session, ends[1], reader, charge, slot, pipe)
             return True
         if total >= LARGE_FRAME:
-            await _pass_through(session, upstream, reader, charge, slot)
+            await pass_through(session, upstream, reader, charge, slot, RECV_BYTES)
         return False
     if slot is not None and ordered.is_next(slot) and splice_from and total >= splice_from:
         # To rewrite, yet relayed as it arrives: its records spliced (Fetch v16+).
@@ -358,43 +358,6 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
         await charge.reserve_to(total)
         reader.open_in_place()
     return False
-
-
-async def _splice_through(session: Session, upstream: SocketTransport, reader: FrameReader,
-                          charge: Charge, slot: Slot, pipe: splice.Pipe) -> None:
-    """Relay the pending frame to the client, its rest spliced socket to socket."""
-    session.ordered.next_upstream(slot.correlation_id)
-    parts, rest = reader.take_partial()
-    parts = throttle.head_parts(slot, parts)
-    session.conn.observe_head(slot.api_key, slot.api_version, parts)
-    try:
-        await session.writer.splice(slot, parts, upstream, rest, charge, pipe)
-    except BaseException as exc:  # cut short: the client has part of a frame
-        splice.PIPES.give_back(pipe, empty=False)
-        if isinstance(exc, PeerGone):
-            session.services.events.upstream_lost(session.conn, "broker closed the "
-                                                  "connection mid-response")
-        session.close()
-        raise
-    splice.PIPES.give_back(pipe, empty=True)
-    upstream.may_have_bytes()  # what follows the frame may be waiting already
-    session.last_activity = trio.current_time()
-
-
-async def _pass_through(session: Session, upstream: Transport, reader: FrameReader,
-                        charge: Charge, slot: Slot) -> None:
-    """Relay the pending frame to the client as its bytes arrive (cut-through)."""
-    session.ordered.next_upstream(slot.correlation_id)
-    parts, rest = reader.take_partial()
-    parts = throttle.head_parts(slot, parts)
-    session.conn.observe_head(slot.api_key, slot.api_version, parts)
-    try:
-        await session.writer.relay(slot, parts, upstream, rest, charge, RECV_BYTES)
-    except PeerGone:
-        session.services.events.upstream_lost(session.conn, "broker closed the connection "
-                                              "mid-response")
-        raise
-    session.last_activity = trio.current_time()
 
 
 def _response_wire(session: Session, handled: Handled, body: memoryview) -> bytes | None:

@@ -1,24 +1,30 @@
-"""A large response relayed as it arrives, yet rewritten on the way.
+"""Large responses relayed as they arrive: passed through, spliced, or streamed.
+
+``relay.py`` hands a response here once it has started and is large: one no handler
+needs whole goes to the client as its bytes come (``pass_through``: through one
+buffer) or, on plain TCP, socket to pipe to socket (``splice_through``).
 
 A Fetch v16+ response may carry broker addresses after its records, so it used to be
 received whole before a byte of it went on: a consumer's responses cost the proxy
 more CPU per byte than anything else it relays, and each waited for its last byte.
-``relay.py`` sends such a response here when the state can stream it (a
-``ResponseStream``, ``policies.handlers.FetchStream``), both sides are plain TCP and a pipe is
-free. Its skeleton passes through the process and is walked as it goes; its records
-are spliced from the broker's socket to the client's, never copied in; its top-level
+When the state can stream it (a ``ResponseStream``, ``policies.handlers.FetchStream``),
+both sides are plain TCP and a pipe is free, ``stream_through`` relays it as it comes:
+its skeleton passes through the process and is walked as it goes; its records are
+spliced from the broker's socket to the client's, never copied in; its top-level
 tagged section, the last bytes, is received and rewritten into as many bytes (the
 response's size went out with its first bytes).
 
-Ordering, the write lock and the memory budget are as for the splice path
-(``ClientWriter.splice``). A response that turns out malformed, or a peer that goes,
-leaves the client with part of a frame: the session ends, as it does on a malformed
-response received whole.
+Ordering, the write lock and the memory budget are those of ``ClientWriter``. A
+response cut short (a peer gone, a timeout, a malformed response) leaves the client
+with part of a frame: the session ends, as it does on a malformed response received
+whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import trio
@@ -31,7 +37,7 @@ from kproxy.policies.rebootstrap import Action
 from kproxy.session import splice, throttle
 from kproxy.session.errors import PeerGone
 from kproxy.session.inflight import Slot
-from kproxy.session.transport import Buffer, SocketTransport
+from kproxy.session.transport import Buffer, SocketTransport, Transport
 
 if TYPE_CHECKING:
     from kproxy.session.session import Session
@@ -53,20 +59,10 @@ async def stream_through(session: Session, upstream: SocketTransport, reader: Fr
     parts = throttle.head_parts(slot, parts)
     size = sum(map(len, parts)) + rest
     writer = session.writer
-    try:
+    with _lent(session, upstream, pipe):
         async with writer.lock:
             ordered.pop_head(slot)  # under the lock: see ClientWriter.relay
             handled = await _relay(session, upstream, parts, rest, charge, pipe, stream)
-    except BaseException as exc:  # cut short: the client has part of a frame
-        splice.PIPES.give_back(pipe, empty=False)
-        if isinstance(exc, PeerGone):
-            session.services.events.upstream_lost(session.conn, "broker closed the "
-                                                  "connection mid-response")
-        session.close()
-        raise
-    splice.PIPES.give_back(pipe, empty=True)
-    upstream.may_have_bytes()  # what follows the frame may be waiting already
-    session.last_activity = trio.current_time()
     writer.answered(slot, size)
     if handled.seen is not None or handled.rebootstrap is not Action.NONE:
         await session.services.backend.observed(handled, session.conn)
@@ -104,6 +100,7 @@ async def _relay(session: Session, upstream: SocketTransport, parts: list[memory
                 await splice.splice_exactly(upstream.fd, client.fd, n, pipe,
                                             read_timeout=math.inf,
                                             write_timeout=session.config.write_timeout)
+                upstream.may_have_bytes()  # the skeleton after the run may be there
                 rest -= n
                 walk.skip(n)
             continue
@@ -143,3 +140,52 @@ async def _receive(src: SocketTransport, held: memoryview, want: int, *,
         if not exactly:
             break
     return view[:filled]
+
+
+async def splice_through(session: Session, upstream: SocketTransport, reader: FrameReader,
+                         charge: Charge, slot: Slot, pipe: splice.Pipe) -> None:
+    """Relay the pending frame to the client, its rest spliced socket to socket."""
+    session.ordered.next_upstream(slot.correlation_id)
+    parts, rest = reader.take_partial()
+    parts = throttle.head_parts(slot, parts)
+    session.conn.observe_head(slot.api_key, slot.api_version, parts)
+    with _lent(session, upstream, pipe):
+        await session.writer.splice(slot, parts, upstream, rest, charge, pipe)
+
+
+async def pass_through(session: Session, upstream: Transport, reader: FrameReader,
+                       charge: Charge, slot: Slot, chunk: int) -> None:
+    """Relay the pending frame to the client as its bytes arrive (cut-through), through
+    one buffer of at most ``chunk`` bytes."""
+    session.ordered.next_upstream(slot.correlation_id)
+    parts, rest = reader.take_partial()
+    parts = throttle.head_parts(slot, parts)
+    session.conn.observe_head(slot.api_key, slot.api_version, parts)
+    try:
+        await session.writer.relay(slot, parts, upstream, rest, charge, chunk)
+    except PeerGone:
+        _lost(session)
+        raise
+    session.last_activity = trio.current_time()
+
+
+@contextlib.contextmanager
+def _lent(session: Session, upstream: SocketTransport, pipe: splice.Pipe) -> Iterator[None]:
+    """``pipe`` lent for one frame: given back empty once it is through; cut short,
+    closed (it may hold bytes) and the session ended (the client has part of a frame)."""
+    try:
+        yield
+    except BaseException as exc:
+        splice.PIPES.give_back(pipe, empty=False)
+        if isinstance(exc, PeerGone):
+            _lost(session)
+        session.close()
+        raise
+    splice.PIPES.give_back(pipe, empty=True)
+    upstream.may_have_bytes()  # what follows the frame may be waiting already
+    session.last_activity = trio.current_time()
+
+
+def _lost(session: Session) -> None:
+    session.services.events.upstream_lost(session.conn, "broker closed the connection "
+                                          "mid-response")
