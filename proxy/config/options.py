@@ -255,9 +255,9 @@ OPTIONS: tuple[Option, ...] = (
 # per interval. Defaults follow the broker's own where it has one.
 LIMIT_OPTIONS: tuple[Option, ...] = (
     Option("max_fetch_version", parse_positive_int, None,
-           "advertise Fetch no higher than this; 15 makes every fetch response pass "
-           "through as it arrives (v16+ responses may carry broker addresses and are held "
-           "whole to rewrite them), at the cost of KIP-951's leader hints", "VERSION",
+           "advertise Fetch no higher than this; 15 keeps broker addresses out of every "
+           "fetch response (v16+ ones may carry them; large ones are streamed and "
+           "rewritten on the way), at the cost of KIP-951's leader hints", "VERSION",
            restart=True),
     Option("max_buffered_bytes", parse_positive_int, 256 * 1024 * 1024,
            "bytes the proxy holds for all connections together (frames received and not "

@@ -344,16 +344,18 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
         if total >= LARGE_FRAME:
             await pass_through(session, upstream, reader, charge, slot, RECV_BYTES)
         return False
-    if slot is not None and ordered.is_next(slot) and splice_from and total >= splice_from:
-        # To rewrite, yet relayed as it arrives: its records spliced (Fetch v16+).
-        stream = session.conn.response_stream(slot.api_key, slot.api_version,
-                                               slot.upstream_version, total - 4)
-        pipe = splice.PIPES.take() if stream is not None else None
-        if pipe is not None:
-            assert ends is not None and stream is not None
-            throttle.on_fetch_bytes(session, slot, total)
-            await stream_through(session, ends[1], reader, charge, slot, pipe, stream)
-            return True
+    stream = (session.conn.response_stream(slot.api_key, slot.api_version,
+                                           slot.upstream_version, total - 4)
+              if slot is not None and ordered.is_next(slot) else None)
+    if stream is not None:
+        # To rewrite, yet relayed as it arrives (Fetch v16+): its records spliced, or
+        # copied through one buffer where they cannot be.
+        assert slot is not None
+        pipe = splice.PIPES.take() if ends is not None and total >= splice_from else None
+        throttle.on_fetch_bytes(session, slot, total)
+        await stream_through(session, upstream, reader, charge, slot, pipe, stream,
+                             RECV_BYTES)
+        return pipe is not None
     if total >= LARGE_FRAME:  # to rewrite, or behind a local answer, or a stray answer
         await charge.reserve_to(total)
         reader.open_in_place()

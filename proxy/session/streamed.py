@@ -37,7 +37,7 @@ from kproxy.policies.rebootstrap import Action
 from kproxy.session import splice, throttle
 from kproxy.session.errors import PeerGone
 from kproxy.session.inflight import Slot
-from kproxy.session.transport import Buffer, SocketTransport, Transport
+from kproxy.session.transport import Buffer, SocketTransport, Transport, copy_exactly
 
 if TYPE_CHECKING:
     from kproxy.session.session import Session
@@ -49,10 +49,12 @@ SKELETON_BYTES = 4096
 MAX_TAIL_BYTES = 1 << 20
 
 
-async def stream_through(session: Session, upstream: SocketTransport, reader: FrameReader,
-                         charge: Charge, slot: Slot, pipe: splice.Pipe,
-                         stream: ResponseStream) -> None:
-    """Relay the pending response of ``slot`` to the client as its bytes arrive."""
+async def stream_through(session: Session, upstream: Transport, reader: FrameReader,
+                         charge: Charge, slot: Slot, pipe: splice.Pipe | None,
+                         stream: ResponseStream, chunk: int) -> None:
+    """Relay the pending response of ``slot`` to the client as its bytes arrive: its
+    opaque runs spliced through ``pipe`` or, without one (TLS, the pool spent), copied
+    through a buffer of at most ``chunk`` bytes."""
     ordered = session.ordered
     ordered.next_upstream(slot.correlation_id)
     parts, rest = reader.take_partial()
@@ -62,25 +64,26 @@ async def stream_through(session: Session, upstream: SocketTransport, reader: Fr
     with _lent(session, upstream, pipe):
         async with writer.lock:
             ordered.pop_head(slot)  # under the lock: see ClientWriter.relay
-            handled = await _relay(session, upstream, parts, rest, charge, pipe, stream)
+            handled = await _relay(session, upstream, parts, rest, charge, pipe, stream,
+                                   chunk)
     writer.answered(slot, size)
     if handled.seen is not None or handled.rebootstrap is not Action.NONE:
         await session.services.backend.observed(handled, session.conn)
     await writer.flush()  # answers behind it that a flush found not yet ready
 
 
-async def _relay(session: Session, upstream: SocketTransport, parts: list[memoryview],
-                 rest: int, charge: Charge, pipe: splice.Pipe,
-                 stream: ResponseStream) -> Handled:
-    """Walk, send and splice until the tail; send the tail as the state rewrote it."""
-    client = session.writer.transport
-    assert isinstance(client, SocketTransport)
+async def _relay(session: Session, upstream: Transport, parts: list[memoryview],
+                 rest: int, charge: Charge, pipe: splice.Pipe | None,
+                 stream: ResponseStream, chunk: int) -> Handled:
+    """Walk, send and splice (or copy) until the tail; send the tail as the state
+    rewrote it."""
     send = session.writer.send
     walk = stream.walk
     first = parts[0] if len(parts) == 1 else memoryview(b"".join(parts))
     out: list[Buffer] = [first[:4]]  # the size prefix, unchanged: the size is kept
     window = first[4:]  # received and not yet walked past
-    charge.settle(len(first) + pipe.size)
+    held = pipe.size if pipe is not None else min(rest, chunk)  # in a pipe or a buffer
+    charge.settle(len(first) + held)
     while True:
         used = walk.advance(window)
         if used:
@@ -96,11 +99,8 @@ async def _relay(session: Session, upstream: SocketTransport, parts: list[memory
                 n = walk.opaque
                 await send(out)
                 out = []
-                charge.settle(pipe.size)
-                await splice.splice_exactly(upstream.fd, client.fd, n, pipe,
-                                            read_timeout=math.inf,
-                                            write_timeout=session.config.write_timeout)
-                upstream.may_have_bytes()  # the skeleton after the run may be there
+                charge.settle(held)
+                await _pass_run(session, upstream, n, pipe, chunk)
                 rest -= n
                 walk.skip(n)
             continue
@@ -108,7 +108,7 @@ async def _relay(session: Session, upstream: SocketTransport, parts: list[memory
             if walk.tail_size > MAX_TAIL_BYTES:
                 raise CodecError(f"top-level tagged section of {walk.tail_size} bytes",
                                  what="FetchResponse")
-            charge.settle(walk.tail_size + pipe.size)
+            charge.settle(walk.tail_size + held)
             tail = await _receive(upstream, window, rest, exactly=True)
             replaced, handled = stream.finish(tail)
             out.append(replaced)
@@ -121,7 +121,21 @@ async def _relay(session: Session, upstream: SocketTransport, parts: list[memory
         window = more
 
 
-async def _receive(src: SocketTransport, held: memoryview, want: int, *,
+async def _pass_run(session: Session, upstream: Transport, n: int,
+                    pipe: splice.Pipe | None, chunk: int) -> None:
+    """``n`` opaque bytes from the broker to the client: spliced, or copied."""
+    client = session.writer.transport
+    if pipe is not None:
+        assert isinstance(upstream, SocketTransport) and isinstance(client, SocketTransport)
+        await splice.splice_exactly(upstream.fd, client.fd, n, pipe, read_timeout=math.inf,
+                                    write_timeout=session.config.write_timeout)
+        upstream.may_have_bytes()  # the skeleton after the run may be there
+        return
+    buf = bytearray(min(n, chunk))
+    await copy_exactly(upstream, n, buf, lambda piece: session.writer.send([piece]))
+
+
+async def _receive(src: Transport, held: memoryview, want: int, *,
                    exactly: bool) -> memoryview:
     """``held`` followed by at least one (``exactly``: all ``want``) more bytes from
     ``src``, in a buffer of their own (what was sent from ``held`` stays valid)."""
@@ -170,19 +184,23 @@ async def pass_through(session: Session, upstream: Transport, reader: FrameReade
 
 
 @contextlib.contextmanager
-def _lent(session: Session, upstream: SocketTransport, pipe: splice.Pipe) -> Iterator[None]:
-    """``pipe`` lent for one frame: given back empty once it is through; cut short,
-    closed (it may hold bytes) and the session ended (the client has part of a frame)."""
+def _lent(session: Session, upstream: Transport, pipe: splice.Pipe | None) -> Iterator[None]:
+    """One frame relayed as it arrives (with ``pipe`` lent for it, if any): the pipe
+    given back empty once it is through; cut short, the pipe closed (it may hold bytes)
+    and the session ended (the client has part of a frame)."""
     try:
         yield
     except BaseException as exc:
-        splice.PIPES.give_back(pipe, empty=False)
+        if pipe is not None:
+            splice.PIPES.give_back(pipe, empty=False)
         if isinstance(exc, PeerGone):
             _lost(session)
         session.close()
         raise
-    splice.PIPES.give_back(pipe, empty=True)
-    upstream.may_have_bytes()  # what follows the frame may be waiting already
+    if pipe is not None:
+        splice.PIPES.give_back(pipe, empty=True)
+    if isinstance(upstream, SocketTransport):
+        upstream.may_have_bytes()  # what follows the frame may be waiting already
     session.last_activity = trio.current_time()
 
 
