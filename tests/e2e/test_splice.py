@@ -336,11 +336,14 @@ async def test_a_splice_waiting_past_its_timeout_ends(side: str) -> None:
         s.close()
 
 
-async def test_after_a_spliced_request_a_receive_asks_for_a_header_only(
-        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("side", ["request", "response"])
+async def test_after_a_spliced_frame_a_receive_asks_for_a_header_only(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, side: str) -> None:
     """After a spliced request the client's next receive asks for ``PEEK_BYTES`` (the
     next large request is spliced from there, not copied in and out from 256 KiB on);
-    after a request taken whole, for ``RECV_BYTES`` again. Every answer arrives intact."""
+    after a request taken whole, for ``RECV_BYTES`` again. The same on the broker's side
+    after a spliced response (a consumer's next response is likely large too). Every
+    frame arrives intact."""
     asked: list[tuple[int, int]] = []  # (descriptor, bytes asked) of every receive
     fill_now = SocketTransport.fill_now
 
@@ -355,56 +358,23 @@ async def test_after_a_spliced_request_a_receive_asks_for_a_header_only(
     box.append(proxy)
     client = await RawClient.connect(proxy.bootstrap_port or 0)
     before = splice.PIPES.frames
-    plan = [(1, 100), (2, 1_000_000), (3, 700_000), (4, 100)]
-    for cid, size in plan:
-        await client.send(echo_request(cid, size, 300, 0))
+    # (correlation id, request size, response size): the large ones on the side tested.
+    plan = [(cid, size, 300) if side == "request" else (cid, 100, size)
+            for cid, size in [(1, 100), (2, 1_000_000), (3, 700_000), (4, 100)]]
+    for cid, size, response in plan:
+        await client.send(echo_request(cid, size, response, 0))
         frame = await client.read_frame()
         assert frame is not None and struct.pack(">i", len(frame)) + frame == \
-            echo_response(cid, 300)
+            echo_response(cid, response)
     peeks = {fd for fd, n in asked if n == PEEK_BYTES}
-    assert len(peeks) == 1, asked  # only the client side, only after a splice
-    (client_fd,) = peeks
-    mine = [n for fd, n in asked if fd == client_fd]
-    assert mine[-1] == RECV_BYTES  # the last request was small: back to full receives
+    assert len(peeks) == 1, asked  # only the side tested, only after a splice
+    (fd,) = peeks
+    mine = [n for at, n in asked if at == fd]
+    # The first receive and the one after the last (small) frame ask for a full buffer.
+    assert mine[0] == RECV_BYTES and mine[-1] == RECV_BYTES, mine
     assert splice.PIPES.frames - before == 2
-    assert broker.received == [echo_request(cid, size, 300, 0) for cid, size in plan]
-    await client.aclose()
-    await until(lambda: not proxy.sessions, "every session ended")
-    assert proxy.budget.used == 0
-    proxy.shutdown()
-
-
-async def test_after_a_spliced_response_a_receive_asks_for_a_header_only(
-        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same on the broker's side: after a spliced response the next receive from
-    the broker asks for ``PEEK_BYTES`` (a consumer's next response is likely large
-    too), after a response taken whole for ``RECV_BYTES`` again."""
-    asked: list[tuple[int, int]] = []
-    fill_now = SocketTransport.fill_now
-
-    def recording(self: SocketTransport, reader: FrameReader, max_bytes: int) -> int | None:
-        asked.append((self.fd, max_bytes))
-        return fill_now(self, reader, max_bytes)
-
-    monkeypatch.setattr(SocketTransport, "fill_now", recording)
-    box: list[Proxy] = []
-    broker = await SplitEchoBroker(lambda: box[0].budget.used).start(nursery)
-    proxy = await start_proxy(nursery, broker.fake.bootstrap)
-    box.append(proxy)
-    client = await RawClient.connect(proxy.bootstrap_port or 0)
-    before = splice.PIPES.frames
-    plan = [(1, 100), (2, 1_000_000), (3, 700_000), (4, 100)]  # response sizes
-    for cid, size in plan:
-        await client.send(echo_request(cid, 100, size, 0))
-        frame = await client.read_frame()
-        assert frame is not None and struct.pack(">i", len(frame)) + frame == \
-            echo_response(cid, size)
-    peeks = {fd for fd, n in asked if n == PEEK_BYTES}
-    assert len(peeks) == 1, asked  # only the broker side, only after a splice
-    (upstream_fd,) = peeks
-    mine = [n for fd, n in asked if fd == upstream_fd]
-    assert mine[0] == RECV_BYTES and PEEK_BYTES in mine and mine[-1] == RECV_BYTES, mine
-    assert splice.PIPES.frames - before == 2
+    assert broker.received == [echo_request(cid, size, response, 0)
+                               for cid, size, response in plan]
     await client.aclose()
     await until(lambda: not proxy.sessions, "every session ended")
     assert proxy.budget.used == 0
