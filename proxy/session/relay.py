@@ -10,8 +10,9 @@ request's place in order), or refused by closing. Requests go upstream in batche
 
 Responses (``relay_responses``, the task that reads the upstream connection): each is
 matched to its request's slot (``kproxy.session.inflight``) and relayed as received, passed
-through as it arrives (a large one nobody must see whole: cut-through, one receive
-buffer whatever its size), or handed whole to the state to be rewritten. What the
+through as it arrives (a large one: spliced, or cut-through with one receive buffer
+whatever its size; a large Fetch v16+ rewritten on the way, ``kproxy.session.streamed``),
+or handed whole to the state to be rewritten. What the
 state learns about the backend (a changed broker set, a rebootstrap) goes to the
 proxy-wide ``BackendService``.
 """
@@ -320,9 +321,10 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
 
 async def _handle_pending(session: Session, upstream: Transport, reader: FrameReader,
                           charge: Charge) -> bool:
-    """A large response has started and is not complete: splice or pass it through, or
-    receive it whole in place when it must be rewritten (its size reserved first).
-    Whether its rest was spliced."""
+    """A large response has started and is not complete: splice or pass it through,
+    stream it when it must be rewritten and can be on the way (Fetch v16+,
+    ``streamed.stream_through``), or else receive it whole in place (its size reserved
+    first). Whether its rest was spliced."""
     pending = reader.pending()
     if pending is None or len(pending[1]) < 8:
         return False
