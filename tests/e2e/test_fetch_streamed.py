@@ -44,6 +44,7 @@ from kproxy.policies.rewrite import PAD_TAG
 from kproxy.runtime.server import Proxy
 from kproxy.session import relay, splice
 from kproxy.session.relay import RECV_BYTES
+from kproxy.session.streamed import SKELETON_BYTES
 
 from ..support import RawClient
 from .test_proxy_inprocess import start_proxy
@@ -540,3 +541,37 @@ async def test_megabyte_messages_at_fetch_v16_through_a_real_broker(
         assert streamed, "no Fetch response was streamed"
         assert await metric(proxy, "kproxy_internal_errors_total") == 0
         proxy.shutdown()
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_slow_reader_of_a_50_mb_streamed_fetch_stays_within_the_budget(
+        nursery: trio.Nursery, streamed: list[int], path: str) -> None:
+    """A 50 MB Fetch v16 response with NodeEndpoints, read by the client in small
+    pieces: the proxy holds at most a receive buffer, a pipe (or, copying, one more
+    buffer) and the skeleton of the budget, never the response, and the response
+    arrives whole with its tagged section rewritten in place."""
+    proxy, broker = await start(nursery, path)
+    host, port = proxy.config.port_map.advertised(NODE) or ("", 0)
+    long_host = "broker-111.kafka-cluster.eu-west-1.internal.example.com"
+    b = build(16, [[Part(50 << 20, leader=True)]], seed=30,
+              endpoints=[endpoint(NODE, long_host, 9092)])
+    sent = b.with_cid(1)
+    broker.plan[1] = Reply(sent)
+    stream = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap_port or 0)
+    await stream.send_all(fetch_request(1, 16))
+    bound = 2 * RECV_BYTES + splice.PIPE_BYTES + SKELETON_BYTES
+    got = bytearray()
+    with trio.fail_after(120):
+        while len(got) < len(sent):
+            data = await stream.receive_some(64 * 1024)
+            assert data, f"closed after {len(got)} of {len(sent)} bytes"
+            got += data
+            assert proxy.budget.used <= bound
+    assert streamed == [1]
+    check_rewritten(bytes(got), sent, b, 16, [endpoint(NODE, host, port)], {}, True,
+                    "50 MB")
+    print(f"budget peak {proxy.budget.peak / 2**20:.2f} MiB for a "
+          f"{len(got) / 2**20:.0f} MiB response ({path})")
+    assert proxy.budget.peak <= bound
+    await stream.aclose()
+    await finish(proxy)
