@@ -267,15 +267,17 @@ class ConnectionState:
         handler = self._responses.get(api_key)
         if handler is not None and handler.wants(api_version):
             return True
-        return bool(self.follow_ups) and any(
-            key == api_key for key, _ in self.follow_ups.values())
+        return bool(self.follow_ups) and self._followed(api_key)  # no call, usually
+
+    def _followed(self, api_key: int) -> bool:
+        """A follow-up waits on a response of ``api_key`` (it reads the response whole)."""
+        return any(key == api_key for key, _ in self.follow_ups.values())
 
     def response_stream(self, api_key: int, api_version: int, upstream_version: int,
                         size: int) -> ResponseStream | None:
         """How a response it ``wants_response`` can be relayed as it arrives, rewritten
         on the way; None when it must be received whole."""
-        if api_version != upstream_version or any(
-                key == api_key for key, _ in self.follow_ups.values()):
+        if api_version != upstream_version or self._followed(api_key):
             return None
         stream = getattr(self._responses.get(api_key), "stream", None)
         return None if stream is None else stream(self, api_version, size)

@@ -335,29 +335,26 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
         return False
     ordered = session.ordered
     slot = ordered.peek_upstream(peek_correlation_id(head[4:]))
-    if (slot is not None and ordered.is_next(slot)
-            and not session.conn.wants_response(slot.api_key, slot.api_version)):
-        throttle.on_fetch_bytes(session, slot, total)  # its field is set in head_parts
-        pipe = splice.PIPES.take() if ends is not None and total >= splice_from else None
-        if pipe is not None:
-            assert ends is not None
-            await splice_through(session, ends[1], reader, charge, slot, pipe)
-            return True
-        if total >= LARGE_FRAME:
-            await pass_through(session, upstream, reader, charge, slot, RECV_BYTES)
-        return False
-    stream = (session.conn.response_stream(slot.api_key, slot.api_version,
-                                           slot.upstream_version, total - 4)
-              if slot is not None and ordered.is_next(slot) else None)
-    if stream is not None:
-        # To rewrite, yet relayed as it arrives (Fetch v16+): its records spliced, or
-        # copied through one buffer where they cannot be.
-        assert slot is not None
-        pipe = splice.PIPES.take() if ends is not None and total >= splice_from else None
-        throttle.on_fetch_bytes(session, slot, total)
-        await stream_through(session, upstream, reader, charge, slot, pipe, stream,
-                             RECV_BYTES)
-        return pipe is not None
+    if slot is not None and ordered.is_next(slot):
+        # Relayed as it arrives: as bytes when no handler needs it whole, or rewritten
+        # on the way (Fetch v16+) when the state can stream it.
+        conn = session.conn
+        whole = conn.wants_response(slot.api_key, slot.api_version)
+        stream = conn.response_stream(slot.api_key, slot.api_version,
+                                      slot.upstream_version, total - 4) if whole else None
+        if not whole or stream is not None:
+            pipe = splice.PIPES.take() if splice_from and total >= splice_from else None
+            if stream is not None:  # its records spliced, or copied through one buffer
+                await stream_through(session, upstream, reader, charge, slot, pipe, stream,
+                                     RECV_BYTES)
+                return pipe is not None
+            if pipe is not None:
+                assert ends is not None
+                await splice_through(session, ends[1], reader, charge, slot, pipe)
+                return True
+            if total >= LARGE_FRAME:
+                await pass_through(session, upstream, reader, charge, slot, RECV_BYTES)
+            return False
     if total >= LARGE_FRAME:  # to rewrite, or behind a local answer, or a stray answer
         await charge.reserve_to(total)
         reader.open_in_place()

@@ -8,9 +8,10 @@ A Fetch v16+ response may carry broker addresses after its records, so it used t
 received whole before a byte of it went on: a consumer's responses cost the proxy
 more CPU per byte than anything else it relays, and each waited for its last byte.
 When the state can stream it (a ``ResponseStream``, ``policies.handlers.FetchStream``),
-both sides are plain TCP and a pipe is free, ``stream_through`` relays it as it comes:
-its skeleton passes through the process and is walked as it goes; its records are
-spliced from the broker's socket to the client's, never copied in; its top-level
+``stream_through`` relays it as it comes: its skeleton passes through the process and
+is walked as it goes; its records are spliced from the broker's socket to the
+client's, never copied in (over TLS, or with every pipe lent, copied through one
+buffer as they arrive); its top-level
 tagged section, the last bytes, is received and rewritten into as many bytes (the
 response's size went out with its first bytes).
 
@@ -55,15 +56,12 @@ async def stream_through(session: Session, upstream: Transport, reader: FrameRea
     """Relay the pending response of ``slot`` to the client as its bytes arrive: its
     opaque runs spliced through ``pipe`` or, without one (TLS, the pool spent), copied
     through a buffer of at most ``chunk`` bytes."""
-    ordered = session.ordered
-    ordered.next_upstream(slot.correlation_id)
-    parts, rest = reader.take_partial()
-    parts = throttle.head_parts(slot, parts)
+    parts, rest = _take(session, reader, slot)
     size = sum(map(len, parts)) + rest
     writer = session.writer
     with _lent(session, upstream, pipe):
         async with writer.lock:
-            ordered.pop_head(slot)  # under the lock: see ClientWriter.relay
+            session.ordered.pop_head(slot)  # under the lock: see ClientWriter.relay
             handled = await _relay(session, upstream, parts, rest, charge, pipe, stream,
                                    chunk)
     writer.answered(slot, size)
@@ -82,7 +80,12 @@ async def _relay(session: Session, upstream: Transport, parts: list[memoryview],
     first = parts[0] if len(parts) == 1 else memoryview(b"".join(parts))
     out: list[Buffer] = [first[:4]]  # the size prefix, unchanged: the size is kept
     window = first[4:]  # received and not yet walked past
-    held = pipe.size if pipe is not None else min(rest, chunk)  # in a pipe or a buffer
+    # The opaque runs go through the pipe, or else through one buffer for the frame.
+    if pipe is not None:
+        buf, held = None, pipe.size
+    else:
+        buf = bytearray(min(rest, chunk))
+        held = len(buf)
     charge.settle(len(first) + held)
     while True:
         used = walk.advance(window)
@@ -100,7 +103,7 @@ async def _relay(session: Session, upstream: Transport, parts: list[memoryview],
                 await send(out)
                 out = []
                 charge.settle(held)
-                await _pass_run(session, upstream, n, pipe, chunk)
+                await _pass_run(session, upstream, n, pipe, buf)
                 rest -= n
                 walk.skip(n)
             continue
@@ -122,8 +125,9 @@ async def _relay(session: Session, upstream: Transport, parts: list[memoryview],
 
 
 async def _pass_run(session: Session, upstream: Transport, n: int,
-                    pipe: splice.Pipe | None, chunk: int) -> None:
-    """``n`` opaque bytes from the broker to the client: spliced, or copied."""
+                    pipe: splice.Pipe | None, buf: bytearray | None) -> None:
+    """``n`` opaque bytes from the broker to the client: spliced through ``pipe``, or
+    copied through ``buf``."""
     client = session.writer.transport
     if pipe is not None:
         assert isinstance(upstream, SocketTransport) and isinstance(client, SocketTransport)
@@ -131,7 +135,7 @@ async def _pass_run(session: Session, upstream: Transport, n: int,
                                     write_timeout=session.config.write_timeout)
         upstream.may_have_bytes()  # the skeleton after the run may be there
         return
-    buf = bytearray(min(n, chunk))
+    assert buf is not None
     await copy_exactly(upstream, n, buf, lambda piece: session.writer.send([piece]))
 
 
@@ -159,9 +163,7 @@ async def _receive(src: Transport, held: memoryview, want: int, *,
 async def splice_through(session: Session, upstream: SocketTransport, reader: FrameReader,
                          charge: Charge, slot: Slot, pipe: splice.Pipe) -> None:
     """Relay the pending frame to the client, its rest spliced socket to socket."""
-    session.ordered.next_upstream(slot.correlation_id)
-    parts, rest = reader.take_partial()
-    parts = throttle.head_parts(slot, parts)
+    parts, rest = _take(session, reader, slot)
     session.conn.observe_head(slot.api_key, slot.api_version, parts)
     with _lent(session, upstream, pipe):
         await session.writer.splice(slot, parts, upstream, rest, charge, pipe)
@@ -171,9 +173,7 @@ async def pass_through(session: Session, upstream: Transport, reader: FrameReade
                        charge: Charge, slot: Slot, chunk: int) -> None:
     """Relay the pending frame to the client as its bytes arrive (cut-through), through
     one buffer of at most ``chunk`` bytes."""
-    session.ordered.next_upstream(slot.correlation_id)
-    parts, rest = reader.take_partial()
-    parts = throttle.head_parts(slot, parts)
+    parts, rest = _take(session, reader, slot)
     session.conn.observe_head(slot.api_key, slot.api_version, parts)
     try:
         await session.writer.relay(slot, parts, upstream, rest, charge, chunk)
@@ -181,6 +181,16 @@ async def pass_through(session: Session, upstream: Transport, reader: FrameReade
         _lost(session)
         raise
     session.last_activity = trio.current_time()
+
+
+def _take(session: Session, reader: FrameReader, slot: Slot) -> tuple[list[memoryview], int]:
+    """Take the pending frame of ``slot`` off the reader and its slot off the order: its
+    buffered bytes (``throttle_time_ms`` set where quotas throttle it) and how many are
+    still to come."""
+    session.ordered.next_upstream(slot.correlation_id)
+    parts, rest = reader.take_partial()
+    throttle.on_fetch_bytes(session, slot, sum(map(len, parts)) + rest)
+    return throttle.head_parts(slot, parts), rest
 
 
 @contextlib.contextmanager
