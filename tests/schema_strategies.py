@@ -19,6 +19,15 @@ _INTS = {
 _TEXT = st.text(max_size=12)
 _BYTES = st.binary(max_size=24)
 
+# For tests that build bodies field by field.
+INT32 = _INTS["int32"]
+INT64 = _INTS["int64"]
+# A KIP-951 NodeEndpoint, its node in or out of a test's node-id range.
+NODE_ENDPOINT = st.fixed_dictionaries({"node_id": st.integers(0, 5),
+                                       "host": st.text(max_size=40),
+                                       "port": st.integers(1, 65535),
+                                       "rack": st.none() | st.text(max_size=40)})
+
 
 def _value(fld: Field, t: FieldType, version: int, flexible: bool) -> st.SearchStrategy[Any]:
     nullable = version in fld.nullable

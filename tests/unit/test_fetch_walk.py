@@ -24,31 +24,27 @@ from kproxy.codecs.messages import encode_response_parts
 from kproxy.codecs.partial.fetch_walk import FetchWalk, knows
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
-from kproxy.policies.addressing import PortMap
 from kproxy.policies.fetch_watermarks import fetch_watermarks
 from kproxy.policies.rewrite import PAD_TAG, rewrite_tags_in_place
 
+from ..fuzz.targets import PORT_MAP as PM
 from ..fuzz.targets import relay_fetch as drive
+from ..schema_strategies import INT32, INT64, NODE_ENDPOINT
 
 SPEC = DECODED[api_keys.FETCH].response
-PM = PortMap("proxy.example", 30000, 40000, 1, 3)
 text = st.text(max_size=30)
-int32 = st.integers(-(2**31), 2**31 - 1)
-int64 = st.integers(-(2**63), 2**63 - 1)
 
 partition = st.fixed_dictionaries({
-    "partition_index": int32, "error_code": st.integers(-1, 120), "high_watermark": int64,
-    "last_stable_offset": int64, "log_start_offset": int64,
+    "partition_index": INT32, "error_code": st.integers(-1, 120), "high_watermark": INT64,
+    "last_stable_offset": INT64, "log_start_offset": INT64,
     "aborted_transactions": st.none() | st.lists(st.fixed_dictionaries(
-        {"producer_id": int64, "first_offset": int64}), max_size=3),
-    "preferred_read_replica": int32,
+        {"producer_id": INT64, "first_offset": INT64}), max_size=3),
+    "preferred_read_replica": INT32,
     "records": st.none() | st.binary(max_size=300),
 }, optional={
-    "current_leader": st.fixed_dictionaries({"leader_id": int32, "leader_epoch": int32}),
-    "diverging_epoch": st.fixed_dictionaries({"epoch": int32, "end_offset": int64}),
+    "current_leader": st.fixed_dictionaries({"leader_id": INT32, "leader_epoch": INT32}),
+    "diverging_epoch": st.fixed_dictionaries({"epoch": INT32, "end_offset": INT64}),
 })
-endpoint = st.fixed_dictionaries({"node_id": st.integers(0, 5), "host": text,
-                                  "port": st.integers(1, 65535), "rack": st.none() | text})
 
 
 @st.composite
@@ -62,10 +58,10 @@ def responses(draw: st.DrawFn) -> tuple[int, bytes, dict[str, Any]]:
         else:
             topic["topic"] = draw(text)
         topics.append(topic)
-    body: dict[str, Any] = {"responses": topics, "throttle_time_ms": draw(int32),
-                            "error_code": 0, "session_id": draw(int32)}
+    body: dict[str, Any] = {"responses": topics, "throttle_time_ms": draw(INT32),
+                            "error_code": 0, "session_id": draw(INT32)}
     if version >= 16:
-        endpoints = draw(st.none() | st.lists(endpoint, min_size=1, max_size=3))
+        endpoints = draw(st.none() | st.lists(NODE_ENDPOINT, min_size=1, max_size=3))
         if endpoints is not None:
             body["node_endpoints"] = endpoints
     return version, bytes(encode_response_parts(api_keys.FETCH, version, 7, body)), body
@@ -169,7 +165,7 @@ def test_endpoints_that_do_not_fit_are_left_out() -> None:
 
 
 @settings(max_examples=300)
-@given(st.lists(endpoint, min_size=1, max_size=4), st.integers(16, 18))
+@given(st.lists(NODE_ENDPOINT, min_size=1, max_size=4), st.integers(16, 18))
 def test_the_rewritten_section_keeps_its_size(endpoints: list[dict[str, Any]],
                                               version: int) -> None:
     original = section(endpoints, version)

@@ -18,25 +18,22 @@ from kproxy.codecs.messages import encode_response_parts
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.skipping import produce_names_no_broker, produce_tags_at
-from kproxy.policies.addressing import PortMap
 from kproxy.policies.rewrite import rewrite_response_frame
 
+from ..fuzz.targets import PORT_MAP as PM
+from ..schema_strategies import INT32, INT64, NODE_ENDPOINT
+
 SPEC = DECODED[api_keys.PRODUCE].response
-PM = PortMap("proxy.example", 30000, 40000, 1, 3)
 text = st.text(max_size=40)
-int32 = st.integers(-(2**31), 2**31 - 1)
-int64 = st.integers(-(2**63), 2**63 - 1)
 
 partition = st.fixed_dictionaries({
-    "index": int32, "error_code": st.integers(-1, 120), "base_offset": int64,
-    "log_append_time_ms": int64, "log_start_offset": int64,
+    "index": INT32, "error_code": st.integers(-1, 120), "base_offset": INT64,
+    "log_append_time_ms": INT64, "log_start_offset": INT64,
     "record_errors": st.lists(st.fixed_dictionaries({
-        "batch_index": int32, "batch_index_error_message": st.none() | text}), max_size=3),
+        "batch_index": INT32, "batch_index_error_message": st.none() | text}), max_size=3),
     "error_message": st.none() | text,
 }, optional={"current_leader": st.fixed_dictionaries(
-    {"leader_id": int32, "leader_epoch": int32})})
-endpoint = st.fixed_dictionaries({"node_id": st.integers(0, 5), "host": text,
-                                  "port": st.integers(1, 65535), "rack": st.none() | text})
+    {"leader_id": INT32, "leader_epoch": INT32})})
 
 
 @st.composite
@@ -49,8 +46,8 @@ def responses(draw: st.DrawFn) -> tuple[int, bytes, bool]:
             t["topic_id"] = draw(st.uuids())
         else:
             t["name"] = draw(text)
-    body: dict[str, Any] = {"responses": topics, "throttle_time_ms": draw(int32)}
-    endpoints = draw(st.none() | st.lists(endpoint, min_size=1, max_size=3))
+    body: dict[str, Any] = {"responses": topics, "throttle_time_ms": draw(INT32)}
+    endpoints = draw(st.none() | st.lists(NODE_ENDPOINT, min_size=1, max_size=3))
     if endpoints is not None:
         body["node_endpoints"] = endpoints
     return version, encode_response_parts(api_keys.PRODUCE, version, 7, body), bool(endpoints)
