@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import admission_row
 import rebootstrap_row
 import relay_ab
+import relay_floor
 import scrape_workers_row
 import sizing_row
 import small_request_ab
@@ -116,6 +117,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += admission_row.section(sections.get("admission"))
     lines += relay_ab.section(sections.get("relay_ab"))
     lines += small_request_ab.section(sections.get("small"))
+    lines += relay_floor.section(sections.get("floor"))
     lines += tls_row.section(sections.get("tls"))
     lines += sizing_row.section(paths, n1k)
     lines += scrape_section(sections.get("scrape") or [])
@@ -245,8 +247,12 @@ Profiled on this machine with py-spy and perf during each workload.
   after them: trio 45% of the busy samples (`unrolled_run`, the epoll wait and its
   re-registration, task rescheduling), kproxy's own Python 39% in many items of 1-5%
   (the Metadata rewrite-cache key, header peek, in-order queue), the socket calls the
-  rest. Reaching 0.17 ms needs the small-frame path off per-request trio scheduling (a
-  proxy-wide epoll loop for busy sessions, as the parking lot has for idle ones). The
+  rest. The section "What the event loop costs a small request" shows why no path that
+  waits through trio reaches 0.17 ms: in the run that added it, relays with no proxy
+  code cost 0.146 ms a Metadata round trip waiting through trio and 0.070 ms with a
+  plain epoll loop (haproxy 0.046), and kproxy's own work was about 0.15 ms on top.
+  architecture.md ("What a small request costs") sets out the express lane that would
+  take busy sessions off trio's waits, measured there as a floor relay (0.064 ms). The
   p99 tail comes from that CPU on two cores shared with a multi-threaded client and
   broker: the more CPU a hop takes, the likelier it waits for a time slice, so it is
   larger for kproxy than for haproxy and varies from run to run. Checked during
@@ -254,7 +260,8 @@ Profiled on this machine with py-spy and perf during each workload.
   instrument timing every task step and a gc callback, twice): 0.04-0.11% of task steps took over
   1 ms of wall time, none of them in the proxy's background tasks (all were relay
   steps: the process descheduled mid-step), the cyclic collector ran 5 times in all
-  (one full collection, 30 ms: a p99.9 event at this rate, not a p99 one),
+  (its one full collection, 30 ms, was the start-up's own, before `gc.freeze()` and
+  before any traffic),
   and the telemetry push interval (100 ms, as here, or the 60 s default) moved neither
   the CPU per request (0.285 against 0.283 ms) nor the p99.
 - **TLS.** trio's `SSLStream.receive_some` returns one TLS record (16 KiB at most) a

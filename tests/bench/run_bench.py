@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import admission_row  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
+import relay_floor  # noqa: E402
 import scrape_workers_row  # noqa: E402
 import small_request_ab  # noqa: E402
 import telemetry_ab  # noqa: E402
@@ -61,7 +62,7 @@ def main() -> int:
                         "those in --json and the report is rewritten from it")
     parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission",
                                            "scrape-workers",
-                                           "small", "tls"],
+                                           "small", "floor", "tls"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
@@ -246,7 +247,7 @@ def report_from_json(args: argparse.Namespace) -> int:
     meta = data.pop("_meta")
     sections = {key: data.pop(key) for key in
                 ("telemetry", "telemetry_ab", "scrape", "rebootstrap", "workers", "relay_ab",
-                 "admission", "small", "tls", "scrape_workers")
+                 *(key for _, key, _, _ in ROWS.values()))
                 if key in data}
     alone = Path(args.from_json).with_name("benchmarks-rebootstrap.json")
     if sections.get("rebootstrap") is None and alone.exists():  # --only rebootstrap
@@ -290,6 +291,7 @@ def only(args: argparse.Namespace) -> int:
 # the size a smoke run measures, the size a full run measures).
 ROWS: dict[str, tuple[Any, str, float, float]] = {
     "small": (small_request_ab, "small", 1.0, 5.0),
+    "floor": (relay_floor, "floor", 1.0, 5.0),
     "tls": (tls_row, "tls", 2000, 100_000),
     "admission": (admission_row, "admission", 20, 300),
     "scrape-workers": (scrape_workers_row, "scrape_workers", 5_000, 250_000),

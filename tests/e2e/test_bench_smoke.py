@@ -31,6 +31,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## Targets", "## Scaling",
                     "## Relay against the last commit before the sans-IO core",
                     "## Admission across workers",
+                    "## What the event loop costs a small request",
                     "## /metrics of a large fleet at 1 and 2 workers"):
         assert section in text
     # Issues 19's, 29's and 30's targets, each with a verdict (a smoke run's figures decide
@@ -81,6 +82,12 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert "/relay-baseline/src/proxy/" in relay["base_import"]
     for side in ("current", "base"):
         assert [r["produce_mb_s"] > 0 and r["consume_mb_s"] > 0 for r in relay[side]] == [True]
+    # Every floor relay, kproxy and haproxy relayed the round trips (a workload that
+    # failed would have ended the run).
+    floor = results["floor"]["rounds"]
+    assert set(floor) == {"epoll", "trio-express", "trio-lowlevel", "trio-stream", "kproxy",
+                          "haproxy"}, floor
+    assert all(len(r) == 1 and r[0]["p99_ms"] > 0 for r in floor.values()), floor
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):
