@@ -262,6 +262,16 @@ class ConnectionState:
             return True
         return api_key in self._requests
 
+    def in_lane(self, api_key: int) -> bool:
+        """Whether a request of ``api_key`` is decided without waiting and without being
+        answered here (relayed or replaced: ``None`` or ``Forward``), so the express lane
+        may take it: no handler, or one that says so (``decides_now``). Never with SASL
+        at the proxy."""
+        if self.shared.sasl_gate is not None:
+            return False
+        handler = self._requests.get(api_key)
+        return handler is None or getattr(handler, "decides_now", False)
+
     def wants_response(self, api_key: int, api_version: int) -> bool:
         """Whether a response must be seen whole; every other one is relayed as bytes."""
         handler = self._responses.get(api_key)

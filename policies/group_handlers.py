@@ -75,6 +75,8 @@ def count_assignment(raw: bytes | None) -> int | None:
 class GroupRequest:
     """Remembers a group request until its response; JoinGroup starts a round."""
 
+    decides_now = True  # always None (ConnectionState.in_lane)
+
     def __init__(self, watch: GroupWatch) -> None:
         self.watch = watch
 

@@ -114,6 +114,8 @@ class SaslHandshakeRequest:
 class MetadataRequest:
     """Sends a v13 request as v12 when the backend stops at v12 (the body is the same)."""
 
+    decides_now = True  # None or Forward, at once (ConnectionState.in_lane)
+
     def request(self, conn: ConnectionState, peek: RequestPeek,
                 body: memoryview) -> RequestDecision:
         conn.metadata_version = peek.api_version

@@ -65,6 +65,13 @@ class ProxyMetrics:
         self.stray_responses = Counter(
             "kproxy_stray_responses", "Broker answers to acks=0 requests, dropped because "
             "the client expects none", registry=r)
+        self.lane_requests = Counter(
+            "kproxy_express_lane_requests", "Requests the express lane relayed (small "
+            "frames of busy connections, relayed off the event loop's scheduling)",
+            registry=r)
+        self.lane_handbacks = Counter(
+            "kproxy_express_lane_handbacks", "Times the express lane handed a connection "
+            "back to its own tasks (a frame it does not relay)", registry=r)
         self.config_reloads = Counter(
             "kproxy_config_reloads", "Configuration reloads, by outcome", ["outcome"],
             registry=r)

@@ -4,14 +4,15 @@ Discovery (a Metadata request every interval) and every address-bearing response
 session relays feed the view in ``ProxyState``. When the view reveals a change, the
 topology epoch moves: sessions whose backend is gone stop reading and close, the
 others learn it in their next Metadata response, and listeners follow the broker
-set (``on_view_change``).
+set (``watchers``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
@@ -29,6 +30,15 @@ from kproxy.runtime.upstream import BootstrapRotation, UpstreamUnavailable
 log = logging.getLogger("kproxy")
 
 
+class ViewWatcher(Protocol):
+    """Something that follows the broker set (the per-broker listeners)."""
+
+    def in_step(self) -> bool:
+        """Whether ``sync`` would find nothing to do (checked without waiting)."""
+
+    async def sync(self) -> None: ...
+
+
 class BackendWatch:
     def __init__(self, state: ProxyState, metrics: ProxyMetrics, ratelog: RateLimitedLog,
                  rotation: BootstrapRotation, node_id_range: tuple[int, int]) -> None:
@@ -39,22 +49,33 @@ class BackendWatch:
         self.node_id_range = node_id_range
         self.sessions_of: Callable[[], list[tuple[ConnectionState, Callable[[], None]]]] = (
             lambda: [])
-        self.on_view_change: list[Callable[[], Awaitable[None]]] = []
+        self.watchers: list[ViewWatcher] = []  # kept in step with the broker set
         self.last_discovery: float | None = None
         self.last_change: tuple[float, str, str] | None = None  # when, reason, what
         self._known = -1  # the brokers_known gauge's value
 
     async def observed(self, handled: Handled, conn: ConnectionState) -> None:
         """A session's response handler saw the backend (and maybe told a client)."""
+        if self.observe_now(handled, conn):
+            await self.catch_up(handled.change)
+
+    def observe_now(self, handled: Handled, conn: ConnectionState) -> bool:
+        """What ``observed`` does without waiting; True when the rest must follow
+        (``catch_up``) before the response leaves. It never waits in the usual case (a
+        broker set seen before): the express lane calls it from outside trio."""
         if handled.rebootstrap is not Action.NONE:
             self.metrics.rebootstrap.labels(handled.rebootstrap.value).inc()
             log.info("client told to bootstrap again" if handled.rebootstrap is Action.INJECT
                      else f"legacy client below Metadata v13: {handled.rebootstrap.value}",
                      extra={"fields": {**conn.log_fields(), "epoch": self.state.epoch}})
-        if handled.seen is not None:
-            await self.seen(handled.seen, handled.change)
+        return handled.seen is not None and self._seen_now(handled.seen, handled.change)
 
     async def seen(self, seen: Seen, change: Change | None) -> None:
+        if self._seen_now(seen, change):
+            await self.catch_up(change)
+
+    def _seen_now(self, seen: Seen, change: Change | None) -> bool:
+        """True when a change is to be fanned out or a watcher is out of step."""
         if seen.out_of_range:
             self.metrics.node_out_of_range.inc(len(seen.out_of_range))
             first, last = self.node_id_range
@@ -62,15 +83,25 @@ class BackendWatch:
                          "backend nodes outside --node-id-range left out of responses",
                          nodes=sorted(seen.out_of_range), node_id_range=f"{first}-{last}")
         if not seen.nodes and not seen.complete:
-            return
+            return False
+        if change is not None:
+            return True
+        self._count_known()
+        return not all(watcher.in_step() for watcher in self.watchers)
+
+    async def catch_up(self, change: Change | None) -> None:
+        """Fan ``change`` out (if any) and bring every watcher in step with the view."""
         if change is not None:
             self.changed(change)
+        self._count_known()
+        for watcher in self.watchers:
+            await watcher.sync()
+
+    def _count_known(self) -> None:
         known = len(self.state.view.nodes)
         if known != self._known:  # a gauge set takes a lock: not on every response
             self._known = known
             self.metrics.brokers_known.set(known)
-        for callback in self.on_view_change:
-            await callback()
 
     def changed(self, change: Change) -> None:
         """A new topology epoch: connections to a backend that is gone are closed."""

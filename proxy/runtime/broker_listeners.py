@@ -44,6 +44,13 @@ class BrokerListeners:
     def start(self, nursery: trio.Nursery, serve: Serve) -> None:
         self._nursery, self._serve = nursery, serve
 
+    def in_step(self) -> bool:
+        """Whether the listeners were last synced with this broker set and port map
+        (``sync`` would return at once)."""
+        pm = self.state.port_map
+        return pm.sni is not None or (self.state.view.nodes is self._synced[0]
+                                      and pm is self._synced[1])
+
     async def sync(self) -> None:
         """One listener per known in-range broker; closed when the broker leaves."""
         pm = self.state.port_map

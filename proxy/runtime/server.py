@@ -113,7 +113,7 @@ class Proxy:
                                        self.archive)
         # Idle sessions wait here without a task (kproxy.session.parking); a reload's idle timeout
         # applies to them too.
-        self.parking = ParkingLot(lambda: self.config.idle_timeout)
+        self.parking = ParkingLot(lambda: self.config.idle_timeout, config.express_lane)
         # The filter chain: the built-in filters, then default_filters (rebuilt at a reload).
         self.builtins = builtin_filters(local, self.groups.watch if self.groups else None)
         if config.sasl_terminate:
@@ -137,13 +137,13 @@ class Proxy:
         self.backend.sessions_of = lambda: [(s.conn, s.end_at_next_request)
                                             for s in self.sessions]
         self.listeners = BrokerListeners(config, self.state, metrics, self.ratelog)
-        self.backend.on_view_change.append(self.listeners.sync)
+        self.backend.watchers.append(self.listeners)
         # Virtual clusters: their own listeners, port maps and chains over this backend.
         self.virtual_clusters = [
             VirtualCluster(vc, config, self.services, self.builtins, self.filter_counts,
                            api_caps(config)) for vc in config.virtual_clusters]
         for vcluster in self.virtual_clusters:
-            self.backend.on_view_change.append(vcluster.listeners.sync)
+            self.backend.watchers.append(vcluster.listeners)
         if self.virtual_clusters:
             metrics.registry.register(VirtualClusterCollector(
                 lambda: self.virtual_clusters, lambda: self.sessions))
@@ -153,8 +153,8 @@ class Proxy:
         Gauge("kproxy_ready", "1 while /readyz answers 200: the backend answered discovery "
               "recently and the proxy is not draining", registry=metrics.registry,
               ).set_function(lambda: 1.0 if self.ready()[0] else 0.0)
-        Gauge("kproxy_connections_parked", "Idle client connections parked: sockets and "
-              "state kept, no task of their own until a socket is readable",
+        Gauge("kproxy_connections_parked", "Client connections parked: sockets and state "
+              "kept, no task of their own; idle ones, and busy ones the express lane relays",
               registry=metrics.registry).set_function(lambda: float(len(self.parking)))
         self.server_tls = server_context(config)
         self.otlp = otlp_export.install(self)

@@ -41,7 +41,7 @@ async def send_all(transport: Transport, parts: Sequence[Frame | Buffer],
 
 class ClientWriter:
     __slots__ = ("_room", "bytes_out", "close_after_flush", "latency", "lock", "metrics",
-                 "ordered", "transport", "write_timeout")
+                 "ordered", "pending", "transport", "write_timeout")
 
     def __init__(self, transport: Transport, ordered: OrderedResponses, metrics: ProxyMetrics,
                  write_timeout: Callable[[], float]) -> None:
@@ -57,6 +57,8 @@ class ClientWriter:
         # What the request side waits on for answers to leave; made only when it waits
         # (an idle connection holds none).
         self._room: trio.Event | None = None
+        # Answers the express lane wrote in part (already accounted): they leave first.
+        self.pending: list[bytes] = []
 
     async def send(self, parts: Sequence[Frame | Buffer]) -> None:
         await send_all(self.transport, parts, self.write_timeout())
@@ -121,6 +123,27 @@ class ClientWriter:
         self.answered(slot, size)
         await self.flush()
 
+    def _take_ready(self) -> list[Frame | Buffer]:
+        """What is to be written now, in order (what is pending first), each answer
+        accounted as it is taken."""
+        parts: list[Frame | Buffer] = list(self.pending)
+        self.pending.clear()
+        for slot in self.ordered.pop_ready():
+            wire = slot.wire
+            assert wire is not None
+            parts.append(wire)
+            self._account(slot, len(wire) + 4 if isinstance(wire, Frame) else len(wire))
+        return parts
+
+    def write_now(self) -> None:
+        """Write what is ready without waiting (the express lane, which holds no task):
+        what the kernel does not take is kept in ``pending`` for ``flush``."""
+        assert not self.lock.locked()  # a parked session has no task writing
+        parts = self._take_ready()
+        if parts:
+            assert isinstance(self.transport, SocketTransport)  # only such sessions park
+            self.pending = [bytes(b) for b in self.transport.write_now(coalesce(parts))]
+
     async def flush(self) -> None:
         """Write every answer that is ready at the head of the order."""
         # One writer at a time; taking a free lock without a scheduling round trip
@@ -131,15 +154,9 @@ class ClientWriter:
         else:
             lock.acquire_nowait()
         try:
-            ready = self.ordered.pop_ready()
-            if not ready:
+            parts = self._take_ready()
+            if not parts:
                 return
-            parts: list[Frame | bytes] = []
-            for slot in ready:
-                wire = slot.wire
-                assert wire is not None
-                parts.append(wire)
-                self._account(slot, len(wire) + 4 if isinstance(wire, Frame) else len(wire))
             await self.send(parts)
             self._wake()
             if self.close_after_flush:

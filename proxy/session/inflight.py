@@ -24,7 +24,8 @@ class Slot:
     api_version: int
     started: float
     upstream: bool  # answered by the broker (else by the proxy itself)
-    wire: Frame | bytes | None = None  # the response as it goes out, size prefix included
+    # The response as it goes out, size prefix included.
+    wire: Frame | bytes | memoryview | None = None
     upstream_version: int = -1  # when the proxy sent another version upstream (Metadata)
     throttle_ms: int = 0  # quotas: the throttle_time_ms its response must carry
 
@@ -95,6 +96,12 @@ class OrderedResponses:
         """Take ``slot`` off the head without a ``wire``: it was passed through as it came."""
         assert self._slots[0] is slot
         del self._slots[0]
+
+    def expects_next(self, correlation_id: int) -> bool:
+        """Whether ``next_upstream`` would return the oldest slot for ``correlation_id``
+        (not a stray answer to drop, not a violation): a check without side effects."""
+        awaiting = self._awaiting_upstream
+        return bool(awaiting) and awaiting[0].correlation_id == correlation_id
 
     def next_upstream(self, correlation_id: int) -> Slot | None:
         """The slot an upstream response fills; brokers answer in order, so it is the oldest.

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from kproxy.session.express import BACKOFF_S, MIN_RUN, ExpressLane
+
 if TYPE_CHECKING:
     from kproxy.session.session import Session
 
@@ -62,8 +64,11 @@ _DISARMED = select.EPOLLONESHOT  # registered, reporting nothing (but errors, on
 class ParkingLot:
     """Every parked session's sockets in one epoll; ``run`` waits for them."""
 
-    def __init__(self, idle_timeout: Callable[[], float]) -> None:
+    def __init__(self, idle_timeout: Callable[[], float], express_lane: bool = False) -> None:
         self._idle_timeout = idle_timeout  # read each time: a reload applies
+        self._express_lane = express_lane
+        self._lane: ExpressLane | None = None  # while it runs
+        self._token: trio.lowlevel.TrioToken | None = None
         self._epoll: select.epoll | None = None
         self._nursery: trio.Nursery | None = None
         self._by_fd: dict[int, Session] = {}  # both descriptors of each parked session
@@ -88,6 +93,11 @@ class ParkingLot:
         try:
             async with trio.open_nursery() as own:
                 own.start_soon(self._run_timer)
+                if self._express_lane:
+                    # The lane's thread waits on the epoll instead (kproxy.session.express).
+                    self._token = trio.lowlevel.current_trio_token()
+                    self._lane = ExpressLane(epoll, self._ready_in_lane)
+                    await self._lane.run()
                 while True:
                     await trio.lowlevel.wait_readable(epoll.fileno())
                     for fd, _ in epoll.poll(0):
@@ -95,6 +105,7 @@ class ParkingLot:
                         if session is not None:  # its other socket may have woken it
                             self.wake(session, fd)
         finally:
+            self._lane = self._token = None
             self._nursery = self._timer = None
             for session in self._sessions():
                 self._forget(session)
@@ -108,6 +119,50 @@ class ParkingLot:
             self._parked = 0
             self._epoll = None
             epoll.close()
+
+    @property
+    def lane_running(self) -> bool:
+        return self._lane is not None
+
+    def _ready_in_lane(self, fd: int, now: float) -> None:
+        """In the lane's thread, on its turn: ``fd`` of a parked session is readable.
+        The lane relays what it can and the descriptor is armed again, or the session is
+        handed back to trio. Nothing here calls trio but through the token."""
+        session = self._by_fd.get(fd)
+        if session is None or session.handing_back:
+            return  # a session that woke meanwhile
+        assert self._epoll is not None and self._token is not None
+        last = session.last_activity
+        try:
+            relayed = session.lane_step(fd, now)
+            if relayed:
+                self._epoll.modify(fd, _ARMED)
+        except Exception:  # the session runs again, and its tasks report what is wrong
+            log.exception("internal error relaying in the express lane")
+            relayed = False
+        if relayed:
+            if session.last_activity != last:  # its idle deadline moved
+                heapq.heappush(self._deadlines,
+                               (session.last_activity, next(self._order), session))
+                self._drop_stale()
+            return
+        session.handing_back = True
+        self._token.run_sync_soon(self._hand_back, session, fd)
+
+    def _hand_back(self, session: Session, fd: int) -> None:
+        """In trio: run a session the express lane could not relay, as a wake-up would;
+        after short runs in the lane, it parks at once again only after
+        ``express.BACKOFF_S``."""
+        session.handing_back = False
+        session.services.metrics.lane_handbacks.inc()
+        # Two short runs in a row: its requests need trio (a producer's large batches),
+        # not once in a while (a telemetry request among small ones).
+        session.lane_short = session.lane_short + 1 if session.lane_run < MIN_RUN else 0
+        if session.lane_short >= 2:
+            session.lane_after = trio.current_time() + BACKOFF_S
+        session.lane_run = 0
+        if session.parked and self._nursery is not None:
+            self.wake(session, fd)
 
     async def _run_timer(self) -> None:
         """Sweep the sessions noted idle; wake those whose idle deadline passed."""

@@ -31,12 +31,12 @@ from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
 from kproxy.codecs.peek import peek_correlation_id, peek_request
 from kproxy.memory import Charge
-from kproxy.policies.connection import Answer, AnswerLater, Close, Forward, Handled, Refuse
-from kproxy.policies.rebootstrap import Action
+from kproxy.policies.connection import Answer, AnswerLater, Close, Forward, Refuse
 from kproxy.session import splice, throttle
 from kproxy.session.errors import PeerGone, ProtocolViolation, SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import Slot
+from kproxy.session.responses import respond_now
 from kproxy.session.streamed import pass_through, splice_through, stream_through
 from kproxy.session.transport import Transport
 
@@ -282,7 +282,10 @@ async def relay_responses(session: Session, upstream: Transport) -> None:
                     raise SessionClosed(str(exc)) from None
                 charge.settle(reader.held())
                 if not len(session.ordered):
-                    session.note_idle()
+                    if session.lane_ready():  # park now, for the express lane
+                        session.park_if_idle()
+                    else:
+                        session.note_idle()
         finally:
             charge.release()
             if reader.held() and session.parking:
@@ -296,27 +299,15 @@ async def _handle_responses(session: Session, reader: FrameReader) -> None:
     if frames:
         session.last_activity = trio.current_time()
     ordered = session.ordered
-    conn = session.conn
-    quotas = session.services.quotas.enabled
+    backend = session.services.backend
     for frame in frames:
         slot = ordered.next_upstream(peek_correlation_id(frame.body))
         if slot is None:
             session.services.metrics.stray_responses.inc()
             continue
-        if not conn.wants_response(slot.api_key, slot.api_version):
-            # Relayed as received, the usual case: no coroutine for it.
-            conn.observe(slot.api_key, slot.api_version, frame.body)
-            slot.wire = frame
-        else:  # a handler reads it whole
-            body = frame.body
-            handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version,
-                                    body)
-            if handled.seen is not None or handled.rebootstrap is not Action.NONE:
-                await session.services.backend.observed(handled, conn)
-            slot.wire = _response_wire(session, handled, body) or frame
-        if quotas:
-            throttle.on_fetch_bytes(session, slot, len(frame) + 4)
-            slot.wire = throttle.response_wire(session, slot, slot.wire)
+        later = respond_now(session, slot, frame, frame.body)
+        if later is not None:
+            await backend.catch_up(later.change)
 
 
 async def _handle_pending(session: Session, upstream: Transport, reader: FrameReader,
@@ -359,13 +350,3 @@ async def _handle_pending(session: Session, upstream: Transport, reader: FrameRe
         await charge.reserve_to(total)
         reader.open_in_place()
     return False
-
-
-def _response_wire(session: Session, handled: Handled, body: memoryview) -> bytes | None:
-    """The response to send for what a handler made of ``body``: None to relay it as
-    received."""
-    if handled.close_after:
-        session.writer.close_after_flush = True
-    if handled.body is None or handled.body is body:
-        return None
-    return _SIZE.pack(len(handled.body)) + bytes(handled.body)

@@ -33,13 +33,14 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
+from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
 from kproxy.memory import Charge
 from kproxy.policies import timeouts
-from kproxy.policies.connection import ConnectionState
-from kproxy.session import parking, splice, throttle
+from kproxy.policies.connection import ConnectionState, Handled
+from kproxy.session import express, parking, splice, throttle
 from kproxy.session.client_writer import ClientWriter, send_all
 from kproxy.session.errors import PeerGone, SessionClosed
 from kproxy.session.guard import TaskGuard
@@ -61,9 +62,10 @@ class Session:
     # Slots: one of these per open connection, thousands when they idle.
     __slots__ = ("_client_io", "_closed", "_closing", "_draining", "_end_at_request", "_ended",
                  "_nursery", "_on_end", "_parking", "_recv_bytes", "_recv_scope", "_upstream_io",
-                 "bytes_in",
-                 "client", "conn", "frames_in", "last_activity", "listener", "mute_scope",
-                 "mute_until", "opened_at", "ordered", "parked", "services", "upstream", "writer")
+                 "bytes_in", "catch_up", "client", "conn", "frames_in", "handing_back",
+                 "lane_after", "lane_failed", "lane_run", "lane_short", "last_activity", "listener",
+                 "mute_scope", "mute_until", "opened_at", "ordered", "parked", "services",
+                 "upstream", "upstream_pending", "writer")
 
     def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
                  node_id: int | None, peer: tuple[str, int],
@@ -98,6 +100,16 @@ class Session:
         self._nursery: trio.Nursery | None = None
         self._ended = False
         self._closed: trio.Event | None = None  # made only when someone waits (a drain)
+        # The express lane (kproxy.session.express): what it left for the session's tasks
+        # (a write the kernel did not take whole, a backend finding to act on first), and
+        # the time (trio's) before which the session does not park at once again.
+        self.upstream_pending: list[bytes] = []
+        self.catch_up: list[Handled] = []
+        self.lane_after = 0.0
+        self.lane_run = 0  # requests the lane relayed since it last handed the session back
+        self.lane_short = 0  # hand-backs in a row after fewer than express.MIN_RUN
+        self.handing_back = False  # the lane asked trio to run it again
+        self.lane_failed: CodecError | None = None  # a response the lane could not read
         self._on_end = on_end  # the proxy forgets the session and releases its admission
 
     @property
@@ -263,8 +275,9 @@ class Session:
             self.services.parking.note_idle(self)
 
     def park_if_idle(self) -> None:
-        """The parking lot's request: wake the request side from its wait for the
-        client, to park if it still may (``_may_park``)."""
+        """The parking lot's request (or, for the express lane, the response side's once
+        the last answer left): wake the request side from its wait for the client, to
+        park if it still may (``_may_park``)."""
         if self._recv_scope is not None and self.frames_in:
             self._recv_scope.cancel()
 
@@ -291,13 +304,60 @@ class Session:
             return client, upstream
         return None
 
-    def _may_park(self, reader: FrameReader) -> bool:
+    def lane_ready(self) -> bool:
+        """Whether the session parks at its first idle moment, for the express lane to
+        relay its next requests: the lane runs, the broker connection is open, no quotas,
+        no SASL at the proxy, and no backing off (``express.BACKOFF_S``)."""
+        services = self.services
+        # Not before its first request reached the broker: a new connection keeps its
+        # first-request deadline, and the lane relays only with a broker to relay to.
+        return (services.parking.lane_running and bool(self.frames_in)
+                and self._upstream_io is not None and not services.quotas.enabled
+                and self.conn.shared.sasl_gate is None
+                and trio.current_time() >= self.lane_after)
+
+    def lane_closed(self) -> bool:
+        """Whether the express lane must leave everything to the session's tasks (called
+        from the lane: reads only)."""
+        return bool(self._draining or self._end_at_request or self._closing or self.mute_until
+                    or self._upstream_io is None or self.services.quotas.enabled
+                    or self.conn.shared.sasl_gate is not None)
+
+    def lane_step(self, fd: int, now: float) -> bool:
+        """The express lane found ``fd`` readable: relay what it can. False when the
+        session must run again (``ParkingLot._hand_back``)."""
+        client, upstream = self._client_io, self._upstream_io
+        if upstream is None:
+            return False
+        assert isinstance(client, SocketTransport) and isinstance(upstream, SocketTransport)
+        if fd == client.fd:
+            return express.relay_requests(self, client, upstream, now)
+        return express.relay_responses(self, client, upstream, now)
+
+    async def _after_lane(self) -> None:
+        """Finish what the express lane left when it handed the session back: requests
+        it sent in part, a backend finding to act on, answers to write; or end the
+        session over a response it could not read, as the response side would."""
+        if self.lane_failed is not None:
+            exc, self.lane_failed = self.lane_failed, None
+            self.services.events.decode_error("response", "frame", exc, self.conn)
+            raise SessionClosed(str(exc))
+        if self.upstream_pending:
+            parts, self.upstream_pending = self.upstream_pending, []
+            await self.send_upstream(parts)
+        while self.catch_up:
+            handled = self.catch_up.pop(0)
+            await self.services.backend.catch_up(handled.change)
+        await self.writer.flush()
+
+    def _may_park(self, reader: FrameReader, at_once: bool = False) -> bool:
         """Whether both tasks may return now, the sockets and state kept: idle for
-        ``PARK_AFTER_S``, nothing in flight, buffered or being written, no task but the
-        response side (waiting for the broker), not ending."""
+        ``PARK_AFTER_S`` (or ``at_once``), nothing in flight, buffered or being written,
+        no task but the response side (waiting for the broker), not ending."""
         nursery = self._nursery
         return (nursery is not None and not len(self.ordered) and not reader.held()
-                and trio.current_time() - self.last_activity >= parking.PARK_AFTER_S
+                and (at_once or trio.current_time() - self.last_activity
+                     >= parking.PARK_AFTER_S)
                 and not (self._draining or self._end_at_request or self._closing)
                 and not self.writer.lock.locked() and not self.writer.close_after_flush
                 and trio.current_time() >= self.mute_until  # a muted channel stays awake
@@ -315,6 +375,9 @@ class Session:
 
     async def _requests(self) -> None:
         cfg = self.config
+        if (self.upstream_pending or self.catch_up or self.writer.pending
+                or self.writer.close_after_flush or self.lane_failed is not None):
+            await self._after_lane()
         reader = FrameReader(cfg.max_frame_bytes)
         charge = Charge(self.services.budget)
         first_deadline = trio.current_time() + cfg.first_request_timeout
@@ -346,6 +409,10 @@ class Session:
                         n = client.fill_now(reader, self._recv_bytes)
                         if n is None:
                             if not len(self.ordered) and not reader.held():
+                                if self.lane_ready() and self._may_park(reader, True):
+                                    self._check_timeouts()  # woken by its idle deadline
+                                    self._park_now()
+                                    return
                                 self.note_idle()
                             # A drain or the parking lot cancels the wait, the read deadline
                             # expires it.
@@ -374,11 +441,8 @@ class Session:
                     if self._draining:
                         break
                     self._check_timeouts()
-                    if self._may_park(reader):
-                        # Park: the response side stops at its wait for the broker.
-                        self._parking = True
-                        assert self._nursery is not None
-                        self._nursery.cancel_scope.cancel()
+                    if self._may_park(reader, self.lane_ready()):
+                        self._park_now()
                         return
         finally:
             charge.release()
@@ -387,6 +451,12 @@ class Session:
             while len(self.ordered):
                 await self.writer.answers_left()
         self.close()
+
+    def _park_now(self) -> None:
+        """Park: the response side stops at its wait for the broker."""
+        self._parking = True
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
 
     async def _take(self, reader: FrameReader, charge: Charge, n: int) -> bool:
         """What a receive of ``n`` bytes (0: the end of the stream) brought: take its

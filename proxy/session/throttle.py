@@ -59,7 +59,8 @@ def on_fetch_bytes(session: Session, slot: Slot, size: int) -> None:
         slot.throttle_ms = max(slot.throttle_ms, _ms(_throttle(session, FETCH, size)))
 
 
-def response_wire(session: Session, slot: Slot, wire: Frame | bytes) -> Frame | bytes:
+def response_wire(session: Session, slot: Slot,
+                  wire: Frame | bytes | memoryview) -> Frame | bytes | memoryview:
     """The response to send for ``slot``, its ``throttle_time_ms`` set if it throttled."""
     if not slot.throttle_ms:
         return wire

@@ -148,12 +148,14 @@ class StreamTransport(Transport):
 class SocketTransport(Transport):
     """A plain TCP socket, driven with non-blocking system calls on its descriptor."""
 
-    __slots__ = ("_drained", "_ops", "fd")
+    __slots__ = ("_drained", "_ops", "carry", "fd")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.fd = stream.socket.fileno()
         self._drained = True  # nothing known to be waiting: a receive should wait first
         self._ops = 0  # operations since the last yield
+        # Bytes the express lane received and did not relay: the next receive's.
+        self.carry: bytes | None = None
 
     def may_have_bytes(self) -> None:
         """The socket is readable (it woke a parked session): the next receive tries the
@@ -164,6 +166,14 @@ class SocketTransport(Transport):
         """Count an operation that did not wait; False when it is time to yield."""
         self._ops += 1
         return self._ops < FAIRNESS_OPS
+
+    def fill_now(self, reader: FrameReader, max_bytes: int) -> int | None:
+        carry = self.carry
+        if carry is not None:
+            self.carry = None
+            reader.feed(carry)
+            return len(carry)
+        return super().fill_now(reader, max_bytes)
 
     async def receive(self, max_bytes: int) -> bytes:
         while True:
@@ -230,6 +240,11 @@ class SocketTransport(Transport):
     def send_now(self, parts: list[Buffer]) -> list[Buffer]:
         if not self._did_not_wait():
             return parts
+        return self.write_now(parts)
+
+    def write_now(self, parts: list[Buffer]) -> list[Buffer]:
+        """``send_now`` without the yield for fairness (the express lane, which has no
+        task to yield)."""
         while parts:
             batch = parts[:MAX_IOV]
             try:

@@ -126,11 +126,14 @@ async def test_an_idle_session_parks_without_a_task_and_wakes_for_its_client(
     proxy.shutdown()
 
 
+@pytest.mark.parametrize("lane", ["off", "on"])
 async def test_requests_racing_the_park_are_all_answered_in_order(
-        nursery: trio.Nursery, fake: FakeBroker) -> None:
+        nursery: trio.Nursery, fake: FakeBroker, lane: str) -> None:
     """Requests arrive around the moment the session parks (idle 40-70 ms against a
-    50 ms threshold checked every 20 ms): each one wakes it or is read before it parks."""
-    proxy = await start_proxy(nursery, fake.bootstrap)
+    50 ms threshold checked every 20 ms): each one wakes it or is read before it parks.
+    With the express lane (the default), a session parks once its answers have left and
+    the lane relays the bursts, racing the session's own tasks as it parks."""
+    proxy = await start_proxy(nursery, fake.bootstrap, express_lane=lane)
     parks = 0
     park = proxy.parking.park
 
@@ -158,14 +161,21 @@ async def test_requests_racing_the_park_are_all_answered_in_order(
     async with trio.open_nursery() as clients:
         for n in range(4):
             clients.start_soon(one_client, n)
-    assert parks > 20  # the race was run, many times
+    if lane == "off":
+        assert parks > 20  # the race was run, many times
+    else:  # parked at the first idle moment, and relayed in the lane from then on
+        assert parks >= 4
+        assert proxy.metrics.registry.get_sample_value(
+            "kproxy_express_lane_requests_total") > 100
     await all_ended(proxy)
     assert not proxy.parking
     proxy.shutdown()
 
 
 async def test_a_busy_connection_does_not_park(nursery: trio.Nursery, fake: FakeBroker) -> None:
-    proxy = await start_proxy(nursery, fake.bootstrap)
+    """Without the express lane: a session parks only once idle. (With it, a busy
+    session parks at once and stays parked: tests/e2e/test_express_lane.py.)"""
+    proxy = await start_proxy(nursery, fake.bootstrap, express_lane="off")
     client = await connected(proxy)
     with trio.move_on_after(0.5):
         cid = 2

@@ -1,0 +1,301 @@
+"""The express lane: small frames of busy sessions relayed off trio's scheduling.
+
+Waiting for a socket through trio costs more than the rest of a small request's relay
+(docs/architecture.md, "What a small request costs"): the run loop, a task switch and
+a one-shot re-arm per wait. A session that is *parked* (``kproxy.session.parking``: no
+task, its sockets in the parking lot's epoll) is waited for by one thread per worker
+instead, which relays what it can of each readable socket on the spot, with the same
+policy calls the trio path makes (``ConnectionState.request`` and ``.response``), and
+leaves the session parked. A busy session whose every request is small parks at its
+first idle moment (``Session.lane_ready``) and stays parked from request to request.
+
+**One at a time.** The lane thread and trio never run Python at once: ``Turns`` is
+trio's except while it waits for I/O (a trio instrument gives it up in
+``before_io_wait`` and takes it back in ``after_io_wait``), and the lane's while it
+handles a batch of events; when both want it, they alternate. To the
+proxy's code the process stays single-threaded: no state needs a lock of its own, and
+nothing here calls trio (the lane reads trio's clock object directly, and asks trio
+for anything else with ``TrioToken.run_sync_soon``).
+
+**What it relays.** Whole frames, from the front of what one receive (``LANE_BYTES``)
+brought: a request whose handler decides without waiting (``ConnectionState.in_lane``),
+a response whatever its handler, as the trio path would (``responses.respond_now``). It
+stops at the first frame it cannot relay (a partial or large frame, a request a handler
+answers later, a stray response, quotas on, a drain) and hands the session back to its
+trio tasks: the bytes not relayed wait in the transport (``SocketTransport.carry``), a
+write the kernel did not take whole in ``ClientWriter.pending`` or
+``Session.upstream_pending``, and the session runs again as a woken parked session
+does. A session handed back soon after it parked, twice in a row, does not park at once
+again for ``BACKOFF_S``: a session whose requests need trio (a producer's large
+batches) does not go back and forth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.peek import peek_correlation_id, peek_request
+from kproxy.policies.connection import Forward
+from kproxy.session.errors import ProtocolViolation
+from kproxy.session.responses import respond_now
+from kproxy.session.transport import Buffer, SocketTransport
+
+if TYPE_CHECKING:
+    from kproxy.session.session import Session
+
+log = logging.getLogger("kproxy.session")
+
+# One receive in the lane asks for this much: a small request or response is whole in
+# it; the start of a large one is handed to the trio path with what was received.
+LANE_BYTES = 64 * 1024
+# A session handed back to trio twice in a row after fewer than ``MIN_RUN`` requests
+# relayed in the lane parks at once again only after ``BACKOFF_S`` (meanwhile after the
+# parking lot's usual idle time): a session whose every request needs trio pays a park
+# and a wake-up twice in that time at most. One that needs trio now and then (a
+# telemetry request among many small ones) goes back to the lane at its next idle
+# moment.
+MIN_RUN = 8
+BACKOFF_S = 1.0
+
+
+class Turns(trio.abc.Instrument):
+    """Whose turn it is to run Python: trio's, but while it waits for I/O, and the
+    lane's for each batch of events. When both want it, they alternate: a busy trio
+    (which waits for I/O with no timeout between its passes) cannot keep the lane
+    waiting, nor a busy lane trio. A plain lock is not fair that way: whoever just gave
+    it up takes it back first."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._holder: str | None = None  # "trio", "lane", or nobody
+        self._asks = {"trio": False, "lane": False}
+        self._next = "lane"  # whose turn it is when both ask
+
+    def _take(self, me: str, other: str) -> None:
+        with self._cond:
+            self._asks[me] = True
+            while self._holder is not None or (self._asks[other] and self._next == other):
+                self._cond.wait()
+            self._asks[me] = False
+            self._holder = me
+
+    def _give(self, me: str, other: str) -> None:
+        with self._cond:
+            self._holder = None
+            self._next = other
+            self._cond.notify()
+
+    # trio's side: the instrument's hooks, and the start and end of the lane.
+
+    def trio_takes(self) -> None:
+        self._take("trio", "lane")
+
+    def trio_gives(self) -> None:
+        self._give("trio", "lane")
+
+    def before_io_wait(self, timeout: float) -> None:
+        self._give("trio", "lane")
+
+    def after_io_wait(self, timeout: float) -> None:
+        self._take("trio", "lane")
+
+    # The lane's side: ``with turns:`` around a batch.
+
+    def __enter__(self) -> None:
+        self._take("lane", "trio")
+
+    def __exit__(self, *exc: object) -> None:
+        self._give("lane", "trio")
+
+
+class ExpressLane:
+    """The thread that waits on the parking lot's epoll and relays what it can."""
+
+    def __init__(self, epoll: select.epoll,
+                 on_ready: Callable[[int, float], None]) -> None:
+        self._epoll = epoll
+        self._on_ready = on_ready  # (descriptor, trio time): relay it, or wake its session
+        self.turns = Turns()
+        self._stop_r, self._stop_w = os.pipe()
+        self._clock: trio.abc.Clock | None = None
+
+    async def run(self) -> None:
+        """Run the lane until cancelled; the thread has ended when this returns."""
+        self._clock = trio.lowlevel.current_clock()
+        turns = self.turns
+        turns.trio_takes()  # trio is running
+        trio.lowlevel.add_instrument(turns)
+        self._epoll.register(self._stop_r, select.EPOLLIN)
+        thread = threading.Thread(target=self._loop, name="kproxy-express-lane", daemon=True)
+        thread.start()
+        try:
+            await trio.sleep_forever()
+        finally:
+            os.write(self._stop_w, b"x")
+            with trio.CancelScope(shield=True):
+                # Waiting for the thread is waiting for I/O: the lane gets its turn to end.
+                await trio.to_thread.run_sync(thread.join)
+            trio.lowlevel.remove_instrument(turns)
+            turns.trio_gives()
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(self._stop_r)
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+
+    def _loop(self) -> None:
+        epoll, stop, clock, turns = self._epoll, self._stop_r, self._clock, self.turns
+        assert clock is not None
+        while True:
+            try:
+                events = epoll.poll()
+            except InterruptedError:
+                continue
+            with turns:
+                now = clock.current_time()
+                for fd, _ in events:
+                    if fd == stop:
+                        return
+                    try:
+                        self._on_ready(fd, now)
+                    except Exception:  # the lane must outlive one session's fault
+                        log.exception("internal error in the express lane")
+
+
+# ------------------------------------------------------------------ the relay
+
+
+def relay_requests(session: Session, client: SocketTransport, upstream: SocketTransport,
+                   now: float) -> bool:
+    """The client's socket is readable: forward the whole requests at the front of one
+    receive. False: hand the session to trio (what was not forwarded is carried)."""
+    data = _receive(client)
+    if data is None:
+        return True  # nothing there after all
+    if not data or session.lane_closed():
+        client.carry = data or None  # the end of the stream: the trio path reads it again
+        return False
+    conn, ordered, metrics = session.conn, session.ordered, session.services.metrics
+    view = memoryview(data)
+    out: list[Buffer] = []
+    pos, end, taken = 0, len(data), 0
+    cfg = session.config
+    room, largest = cfg.max_inflight - len(ordered), cfg.max_frame_bytes
+    while pos + 4 <= end and taken < room:
+        size = int.from_bytes(view[pos:pos + 4], "big", signed=True)
+        if not 0 <= size <= largest or pos + 4 + size > end:
+            break  # a bad size is the trio path's to report; a partial frame its to take
+        body = view[pos + 4:pos + 4 + size]
+        try:
+            peek = peek_request(body)
+        except CodecError:
+            break  # the trio path reports it and closes
+        if not conn.in_lane(peek.api_key):
+            break
+        decision = conn.request(peek, body)
+        upstream_version = peek.api_version
+        if decision is None:
+            out.append(view[pos:pos + 4 + size])
+        elif isinstance(decision, Forward):
+            out.append(size_prefixed(decision.body))
+            upstream_version = decision.upstream_version
+        else:  # not from an ``in_lane`` handler: the session's tasks decide it again
+            break
+        metrics.api(peek.api_key).request(size + 4)
+        session.bytes_in += size + 4
+        session.frames_in += 1
+        started = time.monotonic()
+        if peek.expects_response:
+            slot = ordered.expect_upstream(peek.correlation_id, peek.api_key,
+                                           peek.api_version, started)
+            slot.upstream_version = upstream_version
+            taken += 1
+        else:
+            ordered.expect_nothing(peek.correlation_id)
+        pos += 4 + size
+    if out:
+        metrics.lane_requests.inc(len(out))
+        session.lane_run += len(out)
+        session.last_activity = now
+        rest = upstream.write_now(out)
+        if rest:
+            session.upstream_pending = [bytes(b) for b in rest]
+    if pos < end or session.upstream_pending:
+        client.carry = data[pos:] if pos < end else None
+        return False
+    return True
+
+
+def relay_responses(session: Session, client: SocketTransport, upstream: SocketTransport,
+                    now: float) -> bool:
+    """The broker's socket is readable: answer with the whole responses at the front of
+    one receive. False: hand the session to trio."""
+    data = _receive(upstream)
+    if data is None:
+        return True
+    if not data or session.lane_closed():
+        upstream.carry = data or None
+        return False
+    ordered, largest = session.ordered, session.config.max_frame_bytes
+    view = memoryview(data)
+    pos, end = 0, len(data)
+    needs_trio = False
+    while pos + 4 <= end:
+        size = int.from_bytes(view[pos:pos + 4], "big", signed=True)
+        if not 0 <= size <= largest or pos + 4 + size > end:
+            break
+        body = view[pos + 4:pos + 4 + size]
+        try:
+            correlation_id = peek_correlation_id(body)
+        except CodecError:
+            break
+        if not ordered.expects_next(correlation_id):
+            break  # a stray answer or a protocol violation: the trio path says which
+        try:
+            slot = ordered.next_upstream(correlation_id)
+        except ProtocolViolation:  # not reached: expects_next said it would not raise
+            break
+        assert slot is not None
+        pos += 4 + size
+        try:
+            later = respond_now(session, slot, view[pos - 4 - size:pos], body)
+        except CodecError as exc:  # a handler could not read it: the session ends over it
+            session.lane_failed = exc
+            return False
+        if later is not None:  # a handler's finding the proxy must act on first
+            session.catch_up.append(later)
+            needs_trio = True
+            break
+    if pos:
+        session.last_activity = now
+    if not needs_trio and not session.writer.close_after_flush:
+        session.writer.write_now()
+    if pos < end or needs_trio or session.writer.pending or session.writer.close_after_flush:
+        upstream.carry = data[pos:] if pos < end else None
+        return False
+    return True
+
+
+def _receive(io: SocketTransport) -> bytes | None:
+    """One receive: bytes, b"" at the end of the stream or on an error (the trio path
+    reads again and reports it), or None when there was nothing."""
+    try:
+        return os.read(io.fd, LANE_BYTES)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def size_prefixed(body: bytes | memoryview) -> bytes:
+    return len(body).to_bytes(4, "big", signed=True) + bytes(body)
+

@@ -1,0 +1,288 @@
+"""The express lane (kproxy.session.express): busy sessions' small frames relayed by a
+thread of the proxy's own, off trio's scheduling, with the same answers.
+
+Most tests use the named stand-in ``tests/fake_broker.FakeBroker`` (a broker set that
+changes, a client that stops reading); the last one uses real parts only: librdkafka,
+`kproxy run` and tansu. The parking tests (tests/e2e/test_parking.py) run with the lane
+on too, which is the default: a drain, the idle timeout, a close and a backend going
+away reach a session the lane holds as they reach an idle parked one.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from kproxy.codecs import api_keys
+from kproxy.embedded_broker import TansuBroker
+from kproxy.runtime.server import Proxy
+
+from ..fake_broker import FakeBroker
+from ..support import RawClient, encode_request
+from .test_parking import connected, parked, session_tasks
+from .test_parking import start_proxy as start_parking_proxy
+from .test_proxy_inprocess import METADATA_V12
+
+TOPICS = {"topics": [{"topic_id": str(uuid.UUID(int=0)), "name": f"t{i:05}"}
+                     for i in range(6000)],
+          "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+
+
+@pytest.fixture
+async def fake(nursery: trio.Nursery) -> AsyncIterator[FakeBroker]:
+    yield await FakeBroker(node_ids=[0, 1]).start(nursery)
+
+
+async def start_proxy(nursery: trio.Nursery, upstream: str, **overrides: object) -> Proxy:
+    # Discovery seldom: what the tests show comes through the sessions' own answers.
+    return await start_parking_proxy(nursery, upstream, discovery_interval="600",
+                                     **overrides)
+
+
+def lane_requests(proxy: Proxy) -> float:
+    return proxy.metrics.registry.get_sample_value("kproxy_express_lane_requests_total") or 0
+
+
+def handbacks(proxy: Proxy) -> float:
+    return proxy.metrics.registry.get_sample_value("kproxy_express_lane_handbacks_total") or 0
+
+
+async def warmed(proxy: Proxy, client: RawClient) -> None:
+    """One Metadata round trip, and the session parked again: the first answer after
+    discovery may be handed back once, while the broker listeners catch up with it."""
+    await metadata(client, 1000)
+    await parked(proxy)
+
+
+async def metadata(client: RawClient, cid: int) -> dict[str, object]:
+    resp = await client.request(api_keys.METADATA, 12, cid, METADATA_V12)
+    assert resp.header.correlation_id == cid
+    return resp.body
+
+
+async def test_a_busy_session_stays_parked_while_the_lane_answers_in_order(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    assert proxy.parking.lane_running
+    client = await connected(proxy)
+    await parked(proxy)
+    (session,) = proxy.sessions
+    await warmed(proxy, client)
+    before, handed = lane_requests(proxy), handbacks(proxy)
+    for cid in range(2, 202):  # back to back: it never idles, and never needs trio
+        body = await metadata(client, cid)
+        assert [b["port"] for b in body["brokers"]] == [  # type: ignore[index]
+            proxy.config.broker_port_base + n for n in (0, 1)]
+        assert session.parked and session_tasks() == 0
+    # Pipelined requests, answered in order from one receive.
+    await client.send(b"".join(encode_request(api_keys.METADATA, 12, cid, METADATA_V12)
+                               for cid in range(300, 340)))
+    for cid in range(300, 340):
+        frame = await client.read_frame()
+        assert frame is not None and int.from_bytes(frame[:4], "big") == cid
+    assert lane_requests(proxy) - before == 240 and handbacks(proxy) == handed
+    assert session.parked and proxy.sessions == {session}
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_frames_the_lane_does_not_take_are_finished_by_the_sessions_tasks(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """A request cut across receives, one larger than a lane receive, and one answered
+    locally: the lane hands each to the session's tasks with what it received, the
+    answers come in order, and the session returns to the lane."""
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    handed = handbacks(proxy)
+    cut = encode_request(api_keys.METADATA, 12, 2, METADATA_V12)
+    await client.send(cut[:7])
+    with trio.fail_after(10):
+        while handbacks(proxy) == handed:
+            await trio.sleep(0.01)
+    await client.send(cut[7:])
+    assert (await client.read_frame()) is not None
+    large = encode_request(api_keys.METADATA, 12, 3, TOPICS)
+    assert len(large) > 64 * 1024  # more than one receive of the lane
+    small = encode_request(api_keys.METADATA, 12, 4, METADATA_V12)
+    local = encode_request(api_keys.API_VERSIONS, 0, 5, {})  # answered by the proxy
+    await client.send(large + small + local)
+    for cid in (3, 4, 5):
+        frame = await client.read_frame()
+        assert frame is not None and int.from_bytes(frame[:4], "big") == cid
+    await parked(proxy)  # after a few requests in the lane's place, it parks again
+    before = lane_requests(proxy)
+    for cid in range(10, 20):
+        await metadata(client, cid)
+    assert lane_requests(proxy) - before == 10
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_a_session_whose_requests_need_trio_backs_off(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """Every request larger than a lane receive: after two short runs in the lane the
+    session stays with its tasks, instead of parking and waking for each request."""
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    handed = handbacks(proxy)
+    for cid in range(2, 30):
+        await client.send(encode_request(api_keys.METADATA, 12, cid, TOPICS))
+        frame = await client.read_frame()
+        assert frame is not None and int.from_bytes(frame[:4], "big") == cid
+    assert handbacks(proxy) - handed <= 3  # two short runs, then the session backs off
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_a_client_that_stops_reading_gets_every_answer_once_it_reads(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """Answers the kernel does not take (the client's receive buffer is full) wait for
+    the session's tasks, in order, and nothing is lost or repeated."""
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    handed = handbacks(proxy)
+    sock = client.stream.socket
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    burst = b"".join(encode_request(api_keys.METADATA, 12, cid, METADATA_V12)
+                     for cid in range(2, 2002))
+    await client.send(burst)
+    with trio.fail_after(10):
+        while handbacks(proxy) == handed:  # a write was left for the session's tasks
+            await trio.sleep(0.01)
+    for cid in range(2, 2002):
+        frame = await client.read_frame()
+        assert frame is not None and int.from_bytes(frame[:4], "big") == cid
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_a_new_broker_in_an_answer_has_its_listener_before_the_client_sees_it(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    fake.hidden = {1}
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    handed = handbacks(proxy)
+    await metadata(client, 2)  # broker 0 only, in the lane
+    assert handbacks(proxy) == handed
+    fake.hidden = set()
+    body = await metadata(client, 3)
+    port = proxy.config.broker_port_base + 1
+    assert port in [b["port"] for b in body["brokers"]]  # type: ignore[index]
+    stream = await trio.open_tcp_stream("127.0.0.1", port)  # no wait: already listening
+    await stream.aclose()
+    assert handbacks(proxy) == handed + 1  # the lane left the change to trio
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_a_response_the_lane_cannot_read_ends_the_session_as_on_the_trio_path(
+        nursery: trio.Nursery) -> None:
+    """A Metadata answer that does not decode (a broker at fault, the named stand-in):
+    the session closes, and the decode error is counted and logged once."""
+    garbage = (7).to_bytes(4, "big") + b"\xff" * 9  # correlation id 7, then no Metadata
+    fake = await FakeBroker(node_ids=[0], canned={api_keys.METADATA: (12, garbage)}).start(
+        nursery)
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    client = await connected(proxy)
+    await parked(proxy)
+    await client.send(encode_request(api_keys.METADATA, 12, 7, METADATA_V12))
+    assert await client.read_frame() is None  # closed, nothing relayed
+    errors = proxy.metrics.registry.get_sample_value(
+        "kproxy_decode_errors_total", {"api": "frame", "side": "response"})
+    assert errors == 1 and handbacks(proxy) == 1
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_the_frame_size_limit_holds_in_the_lane(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """A whole request over ``max_frame_bytes`` in one receive is the session's tasks'
+    to refuse, as on the trio path: closed and counted, never forwarded."""
+    proxy = await start_proxy(nursery, fake.bootstrap, max_frame_bytes=4096)
+    client = await connected(proxy)
+    await parked(proxy)
+    big = encode_request(api_keys.METADATA, 12, 2, {**TOPICS, "topics": TOPICS["topics"][:300]})
+    assert 4096 < len(big) < 64 * 1024
+    sent = len(fake.requests)
+    await client.send(big)
+    assert await client.read_frame() is None
+    assert proxy.metrics.limits_hit.labels("max_frame_bytes")._value.get() == 1
+    assert len(fake.requests) == sent
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_with_the_lane_off_every_frame_goes_through_trio(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    proxy = await start_proxy(nursery, fake.bootstrap, express_lane="off")
+    assert not proxy.parking.lane_running
+    client = await connected(proxy)
+    for cid in range(2, 50):
+        await metadata(client, cid)
+    assert lane_requests(proxy) == 0 and not proxy.parking  # busy: never parked
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_quotas_keep_sessions_out_of_the_lane(
+        nursery: trio.Nursery, fake: FakeBroker, tmp_path: Path) -> None:
+    """A quota is counted and applied by the session's tasks: no lane."""
+    config = tmp_path / "kproxy.toml"
+    config.write_text('[[quotas]]\nprincipal = "User:ANONYMOUS"\n'
+                      'requests_per_second = 100000\n')
+    proxy = await start_proxy(nursery, fake.bootstrap, config_file=config)
+    assert proxy.services.quotas.enabled
+    client = await connected(proxy)
+    for cid in range(2, 50):
+        await metadata(client, cid)
+    assert lane_requests(proxy) == 0
+    await client.aclose()
+    proxy.shutdown()
+
+
+def test_a_real_producer_and_consumer_through_the_lane(
+        shared_tansu: TansuBroker, tmp_path: Path) -> None:
+    """librdkafka produces 2,000 messages one at a time (acks=1) and reads them back
+    through `kproxy run` with its default settings (a worker per core) in front of
+    tansu: every message arrives, in order, and the lane relayed most requests."""
+    from confluent_kafka import Consumer, Producer
+
+    from ..scrape_load import metric_value
+    from ..support import kproxy_process
+
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
+        producer = Producer({"bootstrap.servers": kp.bootstrap, "linger.ms": 0})
+        delivered: list[bytes] = []
+        for i in range(2000):
+            producer.produce(topic, f"m{i}".encode(), key=b"k",
+                             on_delivery=lambda err, msg: delivered.append(msg.value())
+                             if err is None else None)
+            assert producer.flush(30) == 0
+        assert delivered == [f"m{i}".encode() for i in range(2000)]
+        consumer = Consumer({"bootstrap.servers": kp.bootstrap, "group.id": topic,
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([topic])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 2000 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        consumer.close()
+        assert got == delivered
+        assert metric_value(kp.http_port, "kproxy_express_lane_requests_total") >= 1500
