@@ -253,8 +253,8 @@ Profiled on this machine with py-spy and perf during each workload.
   plain epoll loop (haproxy 0.046), and kproxy's own work was about 0.15 ms on top.
   So busy sessions now leave trio's waits: the express lane (architecture.md, "What a
   small request costs") relays their small frames from a thread that takes turns with
-  trio. Side by side with the trio path before it (5 paired rounds at 1,000/s, one
-  worker each): 0.220 against 0.312 ms per single-message produce, 0.238 against 0.355
+  trio. Side by side with the trio path before it (7 paired rounds at 1,000/s, one
+  worker each): 0.225 against 0.312 ms per single-message produce, 0.248 against 0.320
   ms per Metadata round trip; what is left is kproxy's own work per request. The
   p99 tail comes from that CPU on two cores shared with a multi-threaded client and
   broker: the more CPU a hop takes, the likelier it waits for a time slice, so it is

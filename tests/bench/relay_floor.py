@@ -39,9 +39,9 @@ RELAYS = ("epoll", "trio-express", "trio-lowlevel", "trio-stream")
 ROWS = {"haproxy": "haproxy, TCP mode (C, epoll)",
         "epoll": "floor relay: one thread, epoll, no trio",
         "trio-express": "floor relay: trio accepts, a relay thread taking turns with it "
-                        "relays from its own epoll",
+                        "relays from its own epoll (the express lane's way)",
         "trio-lowlevel": "floor relay: trio, two tasks a connection, wait_readable + "
-                         "recv_into/send (kproxy's way)",
+                         "recv_into/send (kproxy's way without the express lane)",
         "trio-stream": "floor relay: trio, two tasks a connection, SocketStream",
         "kproxy": "kproxy, `--workers 1`, default settings"}
 
