@@ -70,52 +70,52 @@ BACKOFF_S = 1.0
 
 class Turns(trio.abc.Instrument):
     """Whose turn it is to run Python: trio's, but while it waits for I/O, and the
-    lane's for each batch of events. A plain lock is not fair: whoever just gave it up
-    takes it back first, so a busy trio (which waits for I/O with no timeout between
-    its passes) could keep the lane waiting, or a busy lane trio. So each side says it
-    is waiting, and the other, before it takes the lock again, lets it in first. Both
-    run on every pass of trio's loop: the lock and two flags, no more."""
-
-    __slots__ = ("_lane_waits", "_lock", "_trio_waits")
+    lane's for each batch of events. When both want it, they alternate: a busy trio
+    (which waits for I/O with no timeout between its passes) cannot keep the lane
+    waiting, nor a busy lane trio. A plain lock is not fair that way: whoever just gave
+    it up takes it back first."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._trio_waits = False
-        self._lane_waits = False
+        self._cond = threading.Condition(threading.Lock())
+        self._holder: str | None = None  # "trio", "lane", or nobody
+        self._asks = {"trio": False, "lane": False}
+        self._next = "lane"  # whose turn it is when both ask
+
+    def _take(self, me: str, other: str) -> None:
+        with self._cond:
+            self._asks[me] = True
+            while self._holder is not None or (self._asks[other] and self._next == other):
+                self._cond.wait()
+            self._asks[me] = False
+            self._holder = me
+
+    def _give(self, me: str, other: str) -> None:
+        with self._cond:
+            self._holder = None
+            self._next = other
+            self._cond.notify()
 
     # trio's side: the instrument's hooks, and the start and end of the lane.
 
     def trio_takes(self) -> None:
-        while self._lane_waits:  # the lane asked first: it takes the lock, then trio
-            time.sleep(0)
-        self._trio_waits = True
-        self._lock.acquire()
-        self._trio_waits = False
+        self._take("trio", "lane")
 
     def trio_gives(self) -> None:
-        self._lock.release()
+        self._give("trio", "lane")
 
     def before_io_wait(self, timeout: float) -> None:
-        self._lock.release()
+        self._give("trio", "lane")
 
-    def after_io_wait(self, timeout: float) -> None:  # ``trio_takes``, inlined: every pass
-        while self._lane_waits:
-            time.sleep(0)
-        self._trio_waits = True
-        self._lock.acquire()
-        self._trio_waits = False
+    def after_io_wait(self, timeout: float) -> None:
+        self._take("trio", "lane")
 
     # The lane's side: ``with turns:`` around a batch.
 
     def __enter__(self) -> None:
-        while self._trio_waits:
-            time.sleep(0)
-        self._lane_waits = True
-        self._lock.acquire()
-        self._lane_waits = False
+        self._take("lane", "trio")
 
     def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+        self._give("lane", "trio")
 
 
 class ExpressLane:
