@@ -84,24 +84,19 @@ class BackendWatch:
                          nodes=sorted(seen.out_of_range), node_id_range=f"{first}-{last}")
         if not seen.nodes and not seen.complete:
             return False
-        if change is not None:
-            return True
-        self._count_known()
-        return not all(watcher.in_step() for watcher in self.watchers)
-
-    async def catch_up(self, change: Change | None) -> None:
-        """Fan ``change`` out (if any) and bring every watcher in step with the view."""
-        if change is not None:
-            self.changed(change)
-        self._count_known()
-        for watcher in self.watchers:
-            await watcher.sync()
-
-    def _count_known(self) -> None:
         known = len(self.state.view.nodes)
         if known != self._known:  # a gauge set takes a lock: not on every response
             self._known = known
             self.metrics.brokers_known.set(known)
+        return change is not None or not all(w.in_step() for w in self.watchers)
+
+    async def catch_up(self, change: Change | None) -> None:
+        """Fan ``change`` out (if any) and bring every watcher in step with the view
+        (after ``_seen_now`` said so)."""
+        if change is not None:
+            self.changed(change)
+        for watcher in self.watchers:
+            await watcher.sync()
 
     def changed(self, change: Change) -> None:
         """A new topology epoch: connections to a backend that is gone are closed."""

@@ -58,7 +58,7 @@ class ClientWriter:
         # (an idle connection holds none).
         self._room: trio.Event | None = None
         # Answers the express lane wrote in part (already accounted): they leave first.
-        self.pending: list[bytes] = []
+        self.pending: tuple[bytes, ...] = ()
 
     async def send(self, parts: Sequence[Frame | Buffer]) -> None:
         await send_all(self.transport, parts, self.write_timeout())
@@ -127,7 +127,7 @@ class ClientWriter:
         """What is to be written now, in order (what is pending first), each answer
         accounted as it is taken."""
         parts: list[Frame | Buffer] = list(self.pending)
-        self.pending.clear()
+        self.pending = ()
         for slot in self.ordered.pop_ready():
             wire = slot.wire
             assert wire is not None
@@ -142,7 +142,7 @@ class ClientWriter:
         parts = self._take_ready()
         if parts:
             assert isinstance(self.transport, SocketTransport)  # only such sessions park
-            self.pending = [bytes(b) for b in self.transport.write_now(coalesce(parts))]
+            self.pending = tuple(bytes(b) for b in self.transport.write_now(coalesce(parts)))
 
     async def flush(self) -> None:
         """Write every answer that is ready at the head of the order."""

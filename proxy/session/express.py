@@ -38,15 +38,15 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import trio
 
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import frame
 from kproxy.codecs.peek import peek_correlation_id, peek_request
 from kproxy.policies.connection import Forward
-from kproxy.session.errors import ProtocolViolation
 from kproxy.session.responses import respond_now
 from kproxy.session.transport import Buffer, SocketTransport
 
@@ -187,14 +187,12 @@ def relay_requests(session: Session, client: SocketTransport, upstream: SocketTr
     conn, ordered, metrics = session.conn, session.ordered, session.services.metrics
     view = memoryview(data)
     out: list[Buffer] = []
-    pos, end, taken = 0, len(data), 0
-    cfg = session.config
-    room, largest = cfg.max_inflight - len(ordered), cfg.max_frame_bytes
-    while pos + 4 <= end and taken < room:
-        size = int.from_bytes(view[pos:pos + 4], "big", signed=True)
-        if not 0 <= size <= largest or pos + 4 + size > end:
-            break  # a bad size is the trio path's to report; a partial frame its to take
-        body = view[pos + 4:pos + 4 + size]
+    pos = taken = 0
+    room = session.config.max_inflight - len(ordered)
+    for start, size in _whole_frames(view, session.config.max_frame_bytes):
+        if taken >= room:
+            break
+        body = view[start:start + size]
         try:
             peek = peek_request(body)
         except CodecError:
@@ -204,33 +202,27 @@ def relay_requests(session: Session, client: SocketTransport, upstream: SocketTr
         decision = conn.request(peek, body)
         upstream_version = peek.api_version
         if decision is None:
-            out.append(view[pos:pos + 4 + size])
+            out.append(view[pos:start + size])
         elif isinstance(decision, Forward):
-            out.append(size_prefixed(decision.body))
+            out.append(frame(decision.body))
             upstream_version = decision.upstream_version
         else:  # not from an ``in_lane`` handler: the session's tasks decide it again
             break
         metrics.api(peek.api_key).request(size + 4)
         session.bytes_in += size + 4
         session.frames_in += 1
-        started = time.monotonic()
-        if peek.expects_response:
-            slot = ordered.expect_upstream(peek.correlation_id, peek.api_key,
-                                           peek.api_version, started)
-            slot.upstream_version = upstream_version
-            taken += 1
-        else:
-            ordered.expect_nothing(peek.correlation_id)
-        pos += 4 + size
+        ordered.expect(peek, time.monotonic(), upstream_version)
+        taken += peek.expects_response
+        pos = start + size
     if out:
         metrics.lane_requests.inc(len(out))
         session.lane_run += len(out)
         session.last_activity = now
         rest = upstream.write_now(out)
         if rest:
-            session.upstream_pending = [bytes(b) for b in rest]
-    if pos < end or session.upstream_pending:
-        client.carry = data[pos:] if pos < end else None
+            session.upstream_pending = tuple(bytes(b) for b in rest)
+    if pos < len(data) or session.upstream_pending:
+        client.carry = data[pos:] if pos < len(data) else None
         return False
     return True
 
@@ -245,44 +237,52 @@ def relay_responses(session: Session, client: SocketTransport, upstream: SocketT
     if not data or session.lane_closed():
         upstream.carry = data or None
         return False
-    ordered, largest = session.ordered, session.config.max_frame_bytes
+    ordered = session.ordered
     view = memoryview(data)
-    pos, end = 0, len(data)
+    pos = 0
     needs_trio = False
-    while pos + 4 <= end:
-        size = int.from_bytes(view[pos:pos + 4], "big", signed=True)
-        if not 0 <= size <= largest or pos + 4 + size > end:
-            break
-        body = view[pos + 4:pos + 4 + size]
+    for start, size in _whole_frames(view, session.config.max_frame_bytes):
+        body = view[start:start + size]
         try:
             correlation_id = peek_correlation_id(body)
         except CodecError:
             break
         if not ordered.expects_next(correlation_id):
             break  # a stray answer or a protocol violation: the trio path says which
+        slot = ordered.next_upstream(correlation_id)
+        assert slot is not None  # expects_next: the oldest slot, neither stray nor wrong
+        wire, pos = view[pos:start + size], start + size
         try:
-            slot = ordered.next_upstream(correlation_id)
-        except ProtocolViolation:  # not reached: expects_next said it would not raise
-            break
-        assert slot is not None
-        pos += 4 + size
-        try:
-            later = respond_now(session, slot, view[pos - 4 - size:pos], body)
+            later = respond_now(session, slot, wire, body)
         except CodecError as exc:  # a handler could not read it: the session ends over it
             session.lane_failed = exc
             return False
         if later is not None:  # a handler's finding the proxy must act on first
-            session.catch_up.append(later)
+            session.catch_up = later
             needs_trio = True
             break
     if pos:
         session.last_activity = now
     if not needs_trio and not session.writer.close_after_flush:
         session.writer.write_now()
-    if pos < end or needs_trio or session.writer.pending or session.writer.close_after_flush:
-        upstream.carry = data[pos:] if pos < end else None
+    if (pos < len(data) or needs_trio or session.writer.pending
+            or session.writer.close_after_flush):
+        upstream.carry = data[pos:] if pos < len(data) else None
         return False
     return True
+
+
+def _whole_frames(view: memoryview, largest: int) -> Iterator[tuple[int, int]]:
+    """(where its body starts, its size) of each whole frame at the front of ``view``,
+    up to the first that is not whole, or whose size is the trio path's to judge (out
+    of range: it reports and closes)."""
+    pos, end = 0, len(view)
+    while pos + 4 <= end:
+        size = int.from_bytes(view[pos:pos + 4], "big", signed=True)
+        if not 0 <= size <= largest or pos + 4 + size > end:
+            return
+        yield pos + 4, size
+        pos += 4 + size
 
 
 def _receive(io: SocketTransport) -> bytes | None:
@@ -294,8 +294,3 @@ def _receive(io: SocketTransport) -> bytes | None:
         return None
     except OSError:
         return b""
-
-
-def size_prefixed(body: bytes | memoryview) -> bytes:
-    return len(body).to_bytes(4, "big", signed=True) + bytes(body)
-

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kproxy.codecs.framing import Frame
+from kproxy.codecs.peek import RequestPeek
 from kproxy.session.errors import ProtocolViolation
 
 
@@ -60,6 +61,18 @@ class OrderedResponses:
         self._slots.append(slot)
         self._awaiting_upstream.append(slot)
         return slot
+
+    def expect(self, peek: RequestPeek, now: float, upstream_version: int,
+               throttle_ms: int = 0) -> None:
+        """A request taken for the broker: the slot of its answer (the version it went
+        upstream at, the throttle its answer carries), or none for an acks=0 Produce."""
+        if peek.expects_response:
+            slot = self.expect_upstream(peek.correlation_id, peek.api_key, peek.api_version,
+                                        now)
+            slot.upstream_version = upstream_version
+            slot.throttle_ms = throttle_ms
+        else:
+            self.expect_nothing(peek.correlation_id)
 
     def expect_nothing(self, correlation_id: int) -> None:
         """An acks=0 request went upstream: no answer is owed to the client."""

@@ -20,13 +20,12 @@ proxy-wide ``BackendService``.
 from __future__ import annotations
 
 import math
-import struct
 import time
 from typing import TYPE_CHECKING
 
 import trio
 
-from kproxy.codecs import api_keys
+from kproxy.codecs import api_keys, framing
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
 from kproxy.codecs.peek import peek_correlation_id, peek_request
@@ -43,7 +42,6 @@ from kproxy.session.transport import Transport
 if TYPE_CHECKING:
     from kproxy.session.session import Session
 
-_SIZE = struct.Struct(">i")
 RECV_BYTES = 256 * 1024
 # A response frame larger than this that is not complete in what was received is
 # passed through (or, when it must be rewritten, received in place).
@@ -93,12 +91,12 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
         if decision is None:
             out.append(frame)  # relayed as received: a view, not a copy
         elif isinstance(decision, Forward):
-            out.append(_SIZE.pack(len(decision.body)) + decision.body)
+            out.append(framing.frame(decision.body))
             upstream_version = decision.upstream_version
         elif isinstance(decision, Answer):
             session.ordered.answer_locally(peek.correlation_id, peek.api_key,
                                            peek.api_version, now,
-                                           _SIZE.pack(len(decision.body)) + decision.body)
+                                           framing.frame(decision.body))
             answered_locally = True
             if now - began > LOCAL_WORK_S:  # answers made here took work: let others in
                 await trio.lowlevel.checkpoint()
@@ -121,13 +119,7 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
             assert isinstance(decision, Close)
             events.refused(decision, conn)
             raise SessionClosed(decision.reason)
-        if peek.expects_response:
-            slot = session.ordered.expect_upstream(peek.correlation_id, peek.api_key,
-                                                   peek.api_version, now)
-            slot.upstream_version = upstream_version
-            slot.throttle_ms = throttle_ms
-        else:
-            session.ordered.expect_nothing(peek.correlation_id)
+        session.ordered.expect(peek, now, upstream_version, throttle_ms)
         if len(session.ordered) >= session.config.max_inflight:
             # Backpressure: send what we have, then stop reading this client
             # until responses drain.
@@ -200,13 +192,8 @@ async def splice_request(session: Session, reader: FrameReader, charge: Charge) 
     client.may_have_bytes()  # the next request may be waiting already
     now = time.monotonic()
     session.last_activity = trio.current_time()
-    if peek.expects_response:  # its answer cannot come before its last byte left
-        slot = session.ordered.expect_upstream(peek.correlation_id, peek.api_key,
-                                               peek.api_version, now)
-        slot.upstream_version = peek.api_version
-        slot.throttle_ms = throttle_ms
-    else:
-        session.ordered.expect_nothing(peek.correlation_id)
+    # Its answer cannot come before its last byte left.
+    session.ordered.expect(peek, now, peek.api_version, throttle_ms)
     return True
 
 
@@ -219,7 +206,7 @@ async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> 
             session.services.events.decode_error("request", api_keys.api_name(slot.api_key),
                                                  exc, session.conn)
             raise SessionClosed(str(exc)) from None
-        slot.wire = _SIZE.pack(len(body)) + body
+        slot.wire = framing.frame(body)
         await session.writer.flush()
         if not len(session.ordered):  # its wait for the client may have no deadline
             session.note_idle()
@@ -229,7 +216,7 @@ async def _refuse(session: Session, slot: Slot, decision: Refuse) -> None:
     """A refusal (a failed login): wait the delay, answer, and let the drain close."""
     with TaskGuard(session, ends_session=False):
         await trio.sleep(min(decision.delay_s, session.config.drain_timeout / 2))
-        slot.wire = _SIZE.pack(len(decision.body)) + decision.body
+        slot.wire = framing.frame(decision.body)
         await session.writer.flush()
 
 

@@ -10,10 +10,9 @@ trio.
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING
 
-from kproxy.codecs.framing import Frame
+from kproxy.codecs.framing import Frame, frame
 from kproxy.policies.connection import Handled
 from kproxy.policies.rebootstrap import Action
 from kproxy.session import throttle
@@ -21,9 +20,6 @@ from kproxy.session.inflight import Slot
 
 if TYPE_CHECKING:
     from kproxy.session.session import Session
-
-_SIZE = struct.Struct(">i")
-
 
 def respond_now(session: Session, slot: Slot, wire: Frame | memoryview,
                 body: memoryview) -> Handled | None:
@@ -56,4 +52,4 @@ def response_wire(session: Session, handled: Handled, body: memoryview) -> bytes
         session.writer.close_after_flush = True
     if handled.body is None or handled.body is body:
         return None
-    return _SIZE.pack(len(handled.body)) + bytes(handled.body)
+    return frame(handled.body)

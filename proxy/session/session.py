@@ -103,8 +103,9 @@ class Session:
         # The express lane (kproxy.session.express): what it left for the session's tasks
         # (a write the kernel did not take whole, a backend finding to act on first), and
         # the time (trio's) before which the session does not park at once again.
-        self.upstream_pending: list[bytes] = []
-        self.catch_up: list[Handled] = []
+        # Empty tuples, not lists: nothing held per idle connection.
+        self.upstream_pending: tuple[bytes, ...] = ()
+        self.catch_up: Handled | None = None  # one at most: the lane hands back at it
         self.lane_after = 0.0
         self.lane_run = 0  # requests the lane relayed since it last handed the session back
         self.lane_short = 0  # hand-backs in a row after fewer than express.MIN_RUN
@@ -343,10 +344,10 @@ class Session:
             self.services.events.decode_error("response", "frame", exc, self.conn)
             raise SessionClosed(str(exc))
         if self.upstream_pending:
-            parts, self.upstream_pending = self.upstream_pending, []
+            parts, self.upstream_pending = self.upstream_pending, ()
             await self.send_upstream(parts)
-        while self.catch_up:
-            handled = self.catch_up.pop(0)
+        if self.catch_up is not None:
+            handled, self.catch_up = self.catch_up, None
             await self.services.backend.catch_up(handled.change)
         await self.writer.flush()
 
@@ -375,7 +376,7 @@ class Session:
 
     async def _requests(self) -> None:
         cfg = self.config
-        if (self.upstream_pending or self.catch_up or self.writer.pending
+        if (self.upstream_pending or self.catch_up is not None or self.writer.pending
                 or self.writer.close_after_flush or self.lane_failed is not None):
             await self._after_lane()
         reader = FrameReader(cfg.max_frame_bytes)

@@ -15,20 +15,18 @@ it; otherwise it mutes only.
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING
 
 import trio
 
 from kproxy.codecs import api_keys
-from kproxy.codecs.framing import Frame
+from kproxy.codecs.framing import Frame, frame
 from kproxy.policies.auth.quotas import FETCH, PRODUCE, REQUEST, set_throttle
 
 if TYPE_CHECKING:
     from kproxy.session.inflight import Slot
     from kproxy.session.session import Session
 
-_SIZE = struct.Struct(">i")
 
 
 def _throttle(session: Session, kind: str, amount: float) -> float:
@@ -66,7 +64,7 @@ def response_wire(session: Session, slot: Slot,
         return wire
     body = wire.body if isinstance(wire, Frame) else memoryview(wire)[4:]
     patched = set_throttle(slot.api_key, slot.api_version, body, slot.throttle_ms)
-    return wire if patched is None else _SIZE.pack(len(patched)) + patched
+    return wire if patched is None else frame(patched)
 
 
 def head_parts(slot: Slot, parts: list[memoryview]) -> list[memoryview]:
