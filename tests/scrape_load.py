@@ -9,7 +9,6 @@ librdkafka's (a counter, a histogram and a gauge per broker node), so it exports
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import socket
@@ -30,6 +29,7 @@ from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.messages import decode_response
 
 from .otlp_samples import librdkafka_like_payload
+from .paced_produce import paced_produce
 from .support import encode_request
 
 BATCH = 200  # requests written at once per connection
@@ -125,28 +125,11 @@ def produce_trace(bootstrap: str, topic: str, rate: int) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
     p.produce(topic, b"warm")
     assert p.flush(30) == 0
-    sent: list[float] = []
-    out: list[tuple[float, float]] = []
-
-    def report(err: object, msg: object) -> None:
-        assert err is None, err
-        at = sent[int(msg.value())]  # type: ignore[attr-defined]
-        out.append((at, time.perf_counter() - at))
-
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     print("ready", flush=True)
-    start = time.perf_counter()
-    for i in itertools.count():
-        if stop.is_set():
-            break
-        due = start + i / rate
-        while (now := time.perf_counter()) < due:
-            p.poll(min(0.0005, due - now))
-        sent.append(time.perf_counter())
-        p.produce(topic, str(i).encode(), on_delivery=report)
-        p.poll(0)
-    assert p.flush(30) == 0
+    out, failed = paced_produce(p, topic, rate, lambda _: not stop.is_set())
+    assert failed == 0, f"{failed} deliveries failed"
     print(json.dumps(out), flush=True)
 
 

@@ -90,7 +90,9 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
             fmt(median(p, key, f), 3) for key in ("produce_latency", "metadata_latency")
             for f in ("p50_ms", "p99_ms", "p999_ms")]) + " |")
     lines += ["", "Produce: single-message `acks=1` requests (`linger.ms=0`) to the delivery "
-              "report; Metadata: v4 round trips on one connection.", "",
+              "report; Metadata: v4 round trips on one connection. Neither client spins: "
+              "each sleeps to its schedule, and the producer's delivery reports are served "
+              "by a thread blocked in `poll` (tests/paced_produce.py).", "",
               "## Proxy cost", "",
               "| path | CPU s per GB relayed, produce 1 KB | consume 1 KB | RSS after the run "
               "(MB) | " + " | ".join(f"KB per idle connection pair (at {n:,})" for n in counts)

@@ -11,7 +11,12 @@ import json
 import os
 import socket
 import struct
+import sys
 import time
+from pathlib import Path
+
+# tests.paced_produce, when run as a script from tests/bench/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def tls_config() -> dict[str, str]:
@@ -104,27 +109,14 @@ def produce_latency(bootstrap: str, topic: str, rate: int, seconds: float) -> di
     """acks=1 single-message produce at a fixed rate: time to the delivery report."""
     from confluent_kafka import Producer
 
+    from tests.paced_produce import paced_produce
+
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
     p.produce(topic, b"warm")
     p.flush(30)
-    samples: list[float] = []
-    sent: dict[int, float] = {}
-
-    def report(err: object, msg: object) -> None:
-        if err is None:
-            samples.append(time.perf_counter() - sent[int(msg.value())])  # type: ignore[attr-defined]
-
-    start = time.perf_counter()
     total = int(rate * seconds)
-    for i in range(total):
-        due = start + i / rate
-        while (now := time.perf_counter()) < due:
-            p.poll(min(0.0005, due - now))
-        sent[i] = time.perf_counter()
-        p.produce(topic, str(i).encode(), on_delivery=report)
-        p.poll(0)
-    p.flush(30)
-    return percentiles(samples)
+    delivered, _ = paced_produce(p, topic, rate, lambda i: i < total)
+    return percentiles([latency for _, latency in delivered])
 
 
 def metadata_latency(bootstrap: str, rate: int, seconds: float) -> dict[str, float]:
