@@ -152,7 +152,10 @@ async def splice_exactly(src: int, dst: int, n: int, pipe: Pipe, *, read_timeout
                 moved = moved or put > 0
             if moved:
                 ops += 1
-                if ops >= FAIRNESS_OPS:  # one busy frame must not starve the others
+                # One busy frame must not starve the others; never after its last byte,
+                # though: its answer could reach the response side before the caller
+                # expects it.
+                if ops >= FAIRNESS_OPS and (n or in_pipe):
                     ops = 0
                     await trio.lowlevel.checkpoint()
                 continue
