@@ -25,6 +25,7 @@ import scrape_workers_row
 import sizing_row
 import small_request_ab
 import telemetry_ab
+import telemetry_p99_row
 import tls_row
 import workers_row
 from bench_measure import Path_
@@ -119,6 +120,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += admission_row.section(sections.get("admission"))
     lines += relay_ab.section(sections.get("relay_ab"))
     lines += small_request_ab.section(sections.get("small"))
+    lines += telemetry_p99_row.section(sections.get("telemetry_p99"))
     lines += relay_floor.section(sections.get("floor"))
     lines += tls_row.section(sections.get("tls"))
     lines += sizing_row.section(paths, n1k)

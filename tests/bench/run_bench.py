@@ -34,6 +34,7 @@ import relay_floor  # noqa: E402
 import scrape_workers_row  # noqa: E402
 import small_request_ab  # noqa: E402
 import telemetry_ab  # noqa: E402
+import telemetry_p99_row  # noqa: E402
 import tls_row  # noqa: E402
 import workers_row  # noqa: E402
 from bench_measure import (  # noqa: E402
@@ -62,7 +63,7 @@ def main() -> int:
                         "those in --json and the report is rewritten from it")
     parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission",
                                            "scrape-workers",
-                                           "small", "floor", "tls"],
+                                           "small", "floor", "tls", "telemetry-p99"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
@@ -291,6 +292,7 @@ def only(args: argparse.Namespace) -> int:
 # the size a smoke run measures, the size a full run measures).
 ROWS: dict[str, tuple[Any, str, float, float]] = {
     "small": (small_request_ab, "small", 1.0, 5.0),
+    "telemetry-p99": (telemetry_p99_row, "telemetry_p99", 1.0, 5.0),
     "floor": (relay_floor, "floor", 1.0, 5.0),
     "tls": (tls_row, "tls", 2000, 100_000),
     "admission": (admission_row, "admission", 20, 300),
