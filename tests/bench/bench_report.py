@@ -270,7 +270,37 @@ Profiled on this machine with py-spy and perf during each workload.
   (its one full collection, 30 ms, was the start-up's own, before `gc.freeze()` and
   before any traffic),
   and the telemetry push interval (100 ms, as here, or the 60 s default) moved neither
-  the CPU per request (0.285 against 0.283 ms) nor the p99.
+  the CPU per request (0.285 against 0.283 ms) nor the p99 (a check from before the
+  express lane and the sleeping producer; since then it does, see the next item).
+- **The small-produce p99 since the express lane.** Before e3114d4 the latency rows'
+  producer spun: it waited for its next send in `poll(0.0005)`, which confluent-kafka
+  rounds down to whole milliseconds, so it polled with no timeout and took one of the
+  two cores (4.2 s of CPU in a 4.3 s run), leaving the broker and the proxy the other;
+  the p99 then measured the scheduler in proportion to each path's CPU. It now sleeps
+  to its schedule, and a thread blocked in `poll` serves the delivery reports
+  (tests/paced_produce.py; 0.6 s of CPU for the same run). What is left of kproxy's
+  p99 comes mostly from telemetry: the express lane hands a connection back to trio for
+  each push, which trio answers, and the produce answers behind the push wait in order
+  (section "Telemetry pushes and the small-produce p99"). A trace of one such hand-back
+  (a trio instrument timing task steps, the lane's events timestamped): the lane hands
+  the session back 0.2 ms after the push arrives, trio's resume step (the push decoded
+  and answered) takes 0.6-0.8 ms, the session parks again 2-3 ms later, and the 2 to 5
+  produce requests around it take 1.5-3.5 ms. With pushes at the 60 s default the p99
+  added is about a third of that at 100 ms; the rest is the proxy's CPU on two shared
+  cores, as above.
+- **Tried for issue 30 and left out** (each measured side by side, one worker each):
+  the express lane splicing large requests itself, so that a producer's batches never
+  wait through trio, took 1.09x the CPU per GB of trio's splice path (5 paired rounds of
+  300,000 1 KB messages, telemetry off); strace showed why: trio's path waits only about
+  2.5 times per 440 KB request, so there was little to save. Compiling 18 of the
+  request path's modules with mypyc: 0.26-0.27 ms of CPU per Metadata round trip against
+  0.27-0.30 ms interpreted, and produce through the compiled build stalled (p99 0.8-2.2
+  s, not investigated). `SO_RCVLOWAT` on the socket a frame is spliced from: 1.08x the
+  CPU per GB. A cheaper `Turns` (the turn handed over with two locks instead of a
+  condition variable): 0.8 us less per lane turn and 1.2 us per trio pass, under 1% of a
+  request. A small request in the lane makes about 200 Python-level calls (cProfile):
+  two receives, two `writev`s, the peek, the handler, the in-order queue and the
+  metrics, none over a tenth of the time.
 - **TLS.** trio's `SSLStream.receive_some` returns one TLS record (16 KiB at most) a
   call, each call a trip through the scheduler: client-TLS produce ran at 0.22 of
   haproxy's throughput and 10.9x its CPU per GB (strace: about 24 `epoll_wait` per 64 KiB

@@ -32,6 +32,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## Relay against the last commit before the sans-IO core",
                     "## Admission across workers",
                     "## What the event loop costs a small request",
+                    "## Telemetry pushes and the small-produce p99",
                     "## /metrics of a large fleet at 1 and 2 workers"):
         assert section in text
     # Issues 19's, 29's and 30's targets, each with a verdict (a smoke run's figures decide
@@ -88,6 +89,10 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert set(floor) == {"epoll", "trio-express", "trio-lowlevel", "trio-stream", "kproxy",
                           "haproxy"}, floor
     assert all(len(r) == 1 and r[0]["p99_ms"] > 0 for r in floor.values()), floor
+    # The three paths of the telemetry row each delivered a p99.
+    tp99 = results["telemetry_p99"]
+    assert "error" not in tp99 and len(tp99["rounds"]) == 1, tp99
+    assert all(r["p99_ms"] > 0 for r in tp99["rounds"][0].values()), tp99
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):
