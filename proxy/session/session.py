@@ -4,10 +4,11 @@ The session moves bytes, keeps responses in request order, enforces timeouts and
 memory budget, and applies what its ``ConnectionState`` (``policies.connection``)
 decides; it makes no protocol decision itself.
 
-Requests (``kproxy.session.relay.handle_requests``, in the session's own task): the
-upstream connection is opened when the first complete request arrives (a connection
-that never sends one costs no broker connection). Each request is peeked, handed to
-the state, and forwarded as received, replaced, or answered here.
+Requests (``kproxy.session.request_side``, in the session's own task, and
+``kproxy.session.relay.handle_requests``): the upstream connection is opened when the
+first complete request arrives (a connection that never sends one costs no broker
+connection). Each request is peeked, handed to the state, and forwarded as received,
+replaced, or answered here.
 
 Responses (``kproxy.session.relay.relay_responses``, a task started with the
 upstream connection): a response no handler needs whole is relayed as it arrives. Small ones
@@ -27,45 +28,42 @@ backend gone) runs it again. It is counted open, and reported closed, once.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.framing import Frame, FrameReader
+from kproxy.codecs.framing import Frame
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
-from kproxy.memory import Charge
 from kproxy.policies import timeouts
 from kproxy.policies.connection import ConnectionState, Handled
-from kproxy.session import express, parking, splice, throttle
+from kproxy.session import express, splice
 from kproxy.session.client_writer import ClientWriter, send_all
-from kproxy.session.errors import PeerGone, SessionClosed
+from kproxy.session.errors import SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import OrderedResponses
 from kproxy.session.latency_sketch import LatencySketch
 from kproxy.session.relay import (
-    PEEK_BYTES,
     RECV_BYTES,
-    handle_requests,
     relay_responses,
-    splice_request,
 )
+from kproxy.session.request_side import RequestSide
 from kproxy.session.transport import Buffer, SocketTransport, Transport, transport_for
 
 log = logging.getLogger("kproxy.session")
 
 
-class Session:
+class Session(RequestSide):
     # Slots: one of these per open connection, thousands when they idle.
-    __slots__ = ("_client_io", "_closed", "_closing", "_draining", "_end_at_request", "_ended",
-                 "_nursery", "_on_end", "_parking", "_recv_bytes", "_recv_scope", "_upstream_io",
-                 "bytes_in", "catch_up", "client", "conn", "frames_in", "handing_back",
-                 "lane_after", "lane_failed", "lane_run", "lane_short", "last_activity", "listener",
-                 "mute_scope", "mute_until", "opened_at", "ordered", "parked", "services",
-                 "upstream", "upstream_pending", "writer")
+    # (The request side's own are in ``RequestSide``.)
+    __slots__ = ("_client_io", "_closed", "_closing", "_end_at_request", "_ended", "_nursery",
+                 "_on_end", "_upstream_io", "bytes_in", "catch_up", "client", "conn",
+                 "frames_in", "handing_back", "lane_after", "lane_failed", "lane_run",
+                 "lane_short", "last_activity", "listener", "mute_scope", "mute_until",
+                 "opened_at", "ordered", "parked", "services", "upstream", "upstream_pending",
+                 "writer")
 
     def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
                  node_id: int | None, peer: tuple[str, int],
@@ -91,7 +89,7 @@ class Session:
         self._closing = False  # close() was called: the run ends, and never parks
         self._parking = False  # the request side parked: the tasks stop, the sockets stay
         self.parked = False  # held by the parking lot (kproxy.session.parking), no task running
-        self._recv_scope: trio.CancelScope | None = None  # the wait for the client's bytes
+        self._recv_scope = None  # the wait for the client's bytes
         # How much one receive from the client asks for (see ``_take``).
         self._recv_bytes = RECV_BYTES
         # Quotas (kproxy.session.throttle): no request is read before this (trio time).
@@ -305,18 +303,6 @@ class Session:
             return client, upstream
         return None
 
-    def lane_ready(self) -> bool:
-        """Whether the session parks at its first idle moment, for the express lane to
-        relay its next requests: the lane runs, the broker connection is open, no quotas,
-        no SASL at the proxy, and no backing off (``express.BACKOFF_S``)."""
-        services = self.services
-        # Not before its first request reached the broker: a new connection keeps its
-        # first-request deadline, and the lane relays only with a broker to relay to.
-        return (services.parking.lane_running and bool(self.frames_in)
-                and self._upstream_io is not None and not services.quotas.enabled
-                and self.conn.shared.sasl_gate is None
-                and trio.current_time() >= self.lane_after)
-
     def lane_closed(self) -> bool:
         """Whether the express lane must leave everything to the session's tasks (called
         from the lane: reads only)."""
@@ -351,20 +337,6 @@ class Session:
             await self.services.backend.catch_up(handled.change)
         await self.writer.flush()
 
-    def _may_park(self, reader: FrameReader, at_once: bool = False) -> bool:
-        """Whether both tasks may return now, the sockets and state kept: idle for
-        ``PARK_AFTER_S`` (or ``at_once``), nothing in flight, buffered or being written,
-        no task but the response side (waiting for the broker), not ending."""
-        nursery = self._nursery
-        return (nursery is not None and not len(self.ordered) and not reader.held()
-                and (at_once or trio.current_time() - self.last_activity
-                     >= parking.PARK_AFTER_S)
-                and not (self._draining or self._end_at_request or self._closing)
-                and not self.writer.lock.locked() and not self.writer.close_after_flush
-                and trio.current_time() >= self.mute_until  # a muted channel stays awake
-                and self._plain_tcp()
-                and len(nursery.child_tasks) == (self._upstream_io is not None))
-
     def _wake_if_parked(self) -> bool:
         """A control reached a parked session: run it again to apply it."""
         if self.parked:
@@ -372,121 +344,7 @@ class Session:
             return True
         return False
 
-    # ------------------------------------------------------------------ requests
-
-    async def _requests(self) -> None:
-        cfg = self.config
-        if (self.upstream_pending or self.catch_up is not None or self.writer.pending
-                or self.writer.close_after_flush or self.lane_failed is not None):
-            await self._after_lane()
-        reader = FrameReader(cfg.max_frame_bytes)
-        charge = Charge(self.services.budget)
-        first_deadline = trio.current_time() + cfg.first_request_timeout
-        client = self._client_io
-        try:
-            stop = False
-            while not (stop or self._draining):
-                # One scope serves the waits for the client's bytes, from one wait to the
-                # next until something cancels it (a scope per wait was most of what a
-                # small request's read cost). Only a wait is ever cancelled by it: a drain
-                # or the parking lot reach it only while the task waits in it
-                # (``_recv_scope`` is set for the wait alone), and it has a deadline only
-                # during a wait. A request already taken is always sent upstream and
-                # answered.
-                scope = trio.CancelScope()
-                late: int | None = None  # what a wait received as it was cancelled
-                with scope:
-                    while not self._draining:
-                        if not reader.held() and not charge.room_now():
-                            # Between frames: wait for room in the budget before taking
-                            # more. Mid-frame, never: a partial frame is only freed by
-                            # completing it.
-                            await charge.wait_for_room()
-                        # Throttled (quotas): not a byte read until the throttle passes, or
-                        # a drain.
-                        if self.mute_until and await throttle.wait_unmuted(self):
-                            stop = True
-                            break
-                        n = client.fill_now(reader, self._recv_bytes)
-                        if n is None:
-                            if not len(self.ordered) and not reader.held():
-                                if self.lane_ready() and self._may_park(reader, True):
-                                    self._check_timeouts()  # woken by its idle deadline
-                                    self._park_now()
-                                    return
-                                self.note_idle()
-                            # A drain or the parking lot cancels the wait, the read deadline
-                            # expires it.
-                            deadline = timeouts.read_deadline(
-                                trio.current_time(), first_deadline, self.frames_in,
-                                len(self.ordered), self.last_activity,
-                                self.config.idle_timeout,
-                                self._plain_tcp() and not self._end_at_request)
-                            if deadline != math.inf:
-                                scope.deadline = deadline
-                            self._recv_scope = scope
-                            n = await client.fill(reader, self._recv_bytes)
-                            self._recv_scope = None
-                            if scope.cancel_called:  # too late to stop the wait: its bytes
-                                late = n  # are taken outside the scope
-                                break
-                            if deadline != math.inf:
-                                scope.deadline = math.inf
-                        if not await self._take(reader, charge, n):
-                            stop = True
-                            break
-                self._recv_scope = None
-                if late is not None:
-                    stop = not await self._take(reader, charge, late)
-                elif scope.cancelled_caught:
-                    if self._draining:
-                        break
-                    self._check_timeouts()
-                    if self._may_park(reader, self.lane_ready()):
-                        self._park_now()
-                        return
-        finally:
-            charge.release()
-        # Draining: wait until every request already taken has been answered.
-        with trio.move_on_after(cfg.drain_timeout):
-            while len(self.ordered):
-                await self.writer.answers_left()
-        self.close()
-
-    def _park_now(self) -> None:
-        """Park: the response side stops at its wait for the broker."""
-        self._parking = True
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-
-    async def _take(self, reader: FrameReader, charge: Charge, n: int) -> bool:
-        """What a receive of ``n`` bytes (0: the end of the stream) brought: take its
-        requests. False when the session takes no more."""
-        if not n:
-            raise PeerGone("client closed the connection")
-        charge.settle(reader.held())
-        if self._end_at_request:
-            self._draining = True  # not forwarded: it fails when the connection closes
-            return False
-        await handle_requests(self, reader)
-        held = reader.held()
-        charge.settle(held)
-        # After a spliced request the next receive asks for only enough to peek the next
-        # one's header: a producer's next batch is likely large too, and what is received
-        # into the process is copied in and out, where the rest is spliced past it.
-        spliced = bool(held) and await splice_request(self, reader, charge)
-        self._recv_bytes = PEEK_BYTES if spliced else RECV_BYTES
-        return True
-
-    def _check_timeouts(self) -> None:
-        """A read deadline passed: close a silent new connection or an idle one."""
-        cfg = self.config
-        which = timeouts.expired(trio.current_time(), self.frames_in, len(self.ordered),
-                                 self.last_activity, cfg.idle_timeout)
-        if which is not None:
-            msg = timeouts.reason(which, cfg.first_request_timeout, cfg.idle_timeout)
-            self.services.events.limit_hit(which, f"{msg}; closed", self.conn)
-            raise SessionClosed(which.replace("_", " "))
+    # ------------------------------------------------------------------ upstream
 
     async def send_upstream(self, parts: Sequence[Frame | Buffer]) -> None:
         """Write ``parts`` to the broker, connecting first if this is the first request."""
