@@ -17,7 +17,7 @@ from kproxy.policies.proxy_state import ProxyState
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.upstream import UpstreamConnector
 from kproxy.session.events import SessionEvents
-from kproxy.session.parking import ParkingLot
+from kproxy.session.parked.parking import ParkingLot
 
 
 @dataclass

@@ -55,7 +55,7 @@ from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upst
 from kproxy.runtime.upstream import BootstrapRotation, UpstreamConnector
 from kproxy.runtime.virtual_clusters import VirtualCluster, VirtualClusterCollector
 from kproxy.session.events import SessionEvents
-from kproxy.session.parking import ParkingLot
+from kproxy.session.parked.parking import ParkingLot
 from kproxy.session.session import Session
 from kproxy.telemetry import otlp_export
 from kproxy.telemetry.service import TelemetryService
@@ -111,8 +111,8 @@ class Proxy:
             self.groups = GroupService(GroupLimits(config.group_max_groups,
                                                    config.group_max_members), metrics,
                                        self.archive)
-        # Idle sessions wait here without a task (kproxy.session.parking); a reload's idle timeout
-        # applies to them too.
+        # Idle sessions wait here without a task (kproxy.session.parked.parking); a reload's
+        # idle timeout applies to them too.
         self.parking = ParkingLot(lambda: self.config.idle_timeout, config.express_lane)
         # The filter chain: the built-in filters, then default_filters (rebuilt at a reload).
         self.builtins = builtin_filters(local, self.groups.watch if self.groups else None)

@@ -23,10 +23,11 @@ from kproxy.context import SessionServices
 from kproxy.memory import Charge
 from kproxy.policies import timeouts
 from kproxy.policies.connection import ConnectionState, Handled
-from kproxy.session import parking, throttle
+from kproxy.session import throttle
 from kproxy.session.client_writer import ClientWriter
 from kproxy.session.errors import PeerGone, SessionClosed
 from kproxy.session.inflight import OrderedResponses
+from kproxy.session.parked import parking
 from kproxy.session.relay import PEEK_BYTES, RECV_BYTES, handle_requests, splice_request
 from kproxy.session.transport import Transport
 

@@ -20,7 +20,7 @@ size reserved from the budget first. Writes to the client go through the session
 
 Idle (nothing in flight, buffered or being written, plain TCP both ways), a session
 parks: both tasks return, its sockets and state stay, and the proxy's parking lot
-(``kproxy.session.parking``) waits on its sockets with everyone else's. Anything that reaches
+(``kproxy.session.parked.parking``) waits on its sockets with everyone else's. Anything that reaches
 a session (bytes or a close on either socket, its idle deadline, a drain, a close, its
 backend gone) runs it again. It is counted open, and reported closed, once.
 """
@@ -39,12 +39,13 @@ from kproxy.config.settings import Config
 from kproxy.context import SessionServices
 from kproxy.policies import timeouts
 from kproxy.policies.connection import ConnectionState, Handled
-from kproxy.session import express, splice
+from kproxy.session import splice
 from kproxy.session.client_writer import ClientWriter, send_all
 from kproxy.session.errors import SessionClosed
 from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import OrderedResponses
 from kproxy.session.latency_sketch import LatencySketch
+from kproxy.session.parked import express
 from kproxy.session.relay import (
     RECV_BYTES,
     relay_responses,
@@ -88,7 +89,7 @@ class Session(RequestSide):
         self._end_at_request = False
         self._closing = False  # close() was called: the run ends, and never parks
         self._parking = False  # the request side parked: the tasks stop, the sockets stay
-        self.parked = False  # held by the parking lot (kproxy.session.parking), no task running
+        self.parked = False  # held by the parking lot (kproxy.session.parked), no task running
         self._recv_scope = None  # the wait for the client's bytes
         # How much one receive from the client asks for (see ``_take``).
         self._recv_bytes = RECV_BYTES
@@ -98,7 +99,7 @@ class Session(RequestSide):
         self._nursery: trio.Nursery | None = None
         self._ended = False
         self._closed: trio.Event | None = None  # made only when someone waits (a drain)
-        # The express lane (kproxy.session.express): what it left for the session's tasks
+        # The express lane (kproxy.session.parked.express): what it left for the session's tasks
         # (a write the kernel did not take whole, a backend finding to act on first), and
         # the time (trio's) before which the session does not park at once again.
         # Empty tuples, not lists: nothing held per idle connection.

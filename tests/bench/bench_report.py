@@ -312,7 +312,7 @@ Profiled on this machine with py-spy and perf during each workload.
   is read by position and lands in the same series without a decode. Larger pushes
   are decompressed on a worker thread and decoded in paced steps off the request path.
 - **Memory.** An idle proxied connection is parked once it has been idle 0.25 s: it
-  holds two sockets and its session's state, and no trio task (`proxy/session/parking.py`).
+  holds two sockets and its session's state, and no trio task (`proxy/session/parked/parking.py`).
 """
 
 

@@ -1,4 +1,4 @@
-"""The express lane (kproxy.session.express): busy sessions' small frames relayed by a
+"""The express lane (kproxy.session.parked.express): busy sessions' small frames relayed by a
 thread of the proxy's own, off trio's scheduling, with the same answers.
 
 Most tests use the named stand-in ``tests/fake_broker.FakeBroker`` (a broker set that

@@ -109,7 +109,7 @@ async def test_idle_connection_pairs_hold_little_python_heap(
 
     The bound: a parked pair holds 3.8 KB here (RSS measured as ``make bench`` does,
     about 5.1-5.6 MB per 1,000 and 2.4 MB per 1,000 at 9,000). Before parking (no task
-    while idle, ``kproxy.session.parking``) a pair held 13.1 KB and 12.7 MB per 1,000, of which
+    while idle, ``kproxy.session.parked``) a pair held 13.1 KB and 12.7 MB per 1,000, of which
     about 7.8 KB was trio's floor for a pair waiting in two tasks; before the cuts that
     came with this test, 22.0 KB and 20.8 MB. What is left is the session's state, the
     two sockets' objects and the pair's share of the parking lot's tables. The bound is

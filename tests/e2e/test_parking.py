@@ -1,4 +1,5 @@
-"""Idle sessions park: their tasks end, their sockets and state stay (kproxy.session.parking).
+"""Idle sessions park: their tasks end, their sockets and state stay
+(kproxy.session.parked.parking).
 
 Everything that reaches a running session must reach a parked one the same way: the
 client's next request, either side closing, the idle timeout and a reload of it, a
@@ -29,7 +30,7 @@ from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker
 from kproxy.policies import timeouts
 from kproxy.runtime.server import Proxy
-from kproxy.session import parking
+from kproxy.session.parked import parking
 
 from ..fake_broker import FakeBroker
 from ..support import RawClient, encode_request, http_get

@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from kproxy.session import parking
-from kproxy.session.parking import ParkingLot
+from kproxy.session.parked import parking
+from kproxy.session.parked.parking import ParkingLot
 
 
 class StandIn:

@@ -10,7 +10,7 @@ import time
 
 import trio
 
-from kproxy.session.express import Turns
+from kproxy.session.parked.express import Turns
 
 
 async def test_a_busy_trio_and_a_busy_lane_alternate_and_never_overlap() -> None:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from kproxy.session.express import BACKOFF_S, MIN_RUN, ExpressLane
+from kproxy.session.parked.express import BACKOFF_S, MIN_RUN, ExpressLane
 
 if TYPE_CHECKING:
     from kproxy.session.session import Session
@@ -94,7 +94,7 @@ class ParkingLot:
             async with trio.open_nursery() as own:
                 own.start_soon(self._run_timer)
                 if self._express_lane:
-                    # The lane's thread waits on the epoll instead (kproxy.session.express).
+                    # The lane's thread waits on the epoll instead (kproxy.session.parked.express).
                     self._token = trio.lowlevel.current_trio_token()
                     self._lane = ExpressLane(epoll, self._ready_in_lane)
                     await self._lane.run()

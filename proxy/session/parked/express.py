@@ -2,7 +2,7 @@
 
 Waiting for a socket through trio costs more than the rest of a small request's relay
 (docs/architecture.md, "What a small request costs"): the run loop, a task switch and
-a one-shot re-arm per wait. A session that is *parked* (``kproxy.session.parking``: no
+a one-shot re-arm per wait. A session that is *parked* (``kproxy.session.parked.parking``: no
 task, its sockets in the parking lot's epoll) is waited for by one thread per worker
 instead, which relays what it can of each readable socket on the spot, with the same
 policy calls the trio path makes (``ConnectionState.request`` and ``.response``), and
