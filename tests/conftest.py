@@ -78,7 +78,9 @@ def s3_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
     import boto3
 
-    from kproxy.embedded_broker import free_port, wait_for_port
+    from kproxy.embedded_broker import wait_for_port
+
+    from .support import free_port
 
     port = free_port()
     moto_bin = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import random
 import re
@@ -28,20 +29,19 @@ from kproxy.codecs.messages import Response, decode_response
 from kproxy.codecs.primitives import Writer
 from kproxy.codecs.registry import spec_for
 from kproxy.config import settings as config_mod
-from kproxy.embedded_broker import free_port, wait_for_port
+from kproxy.embedded_broker import free_port as ephemeral_port
+from kproxy.embedded_broker import wait_for_port
 
 BROKER_PORTS_CHECKED = 16  # the brokers a test's range uses, from the base up
 
 
-def broker_port_base() -> int:
-    """A base for per-broker listeners whose first ports are free, below the kernel's
-    range of ephemeral ports.
-
-    ``free_port()`` hands out an ephemeral port, and the ports just above it are
-    ephemeral too: the other lane's outgoing connections take them as source ports at
-    any time (a listener at base + 1 once failed to open). Below that range only an
-    explicit bind takes a port; each xdist lane picks in a slice of its own.
-    """
+def _lane_ports() -> tuple[int, int, int]:
+    """This xdist lane's slice of the ports below the kernel's range of ephemeral
+    ports: (first, where single ports start, end). Below that range only an explicit
+    bind takes a port: an ephemeral one, handed out by binding port 0 and closing, may be
+    any lane's outgoing connection's source port by the time a proxy binds it (a
+    listener once failed to open that way). Broker ranges take the lower three quarters
+    of the slice, single ports the rest."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -51,11 +51,34 @@ def broker_port_base() -> int:
     start, end = 10_000, max(10_001, low - 1024)  # room for a range of 1,024 brokers
     width = (end - start) // lanes
     first = start + lane * width
+    return first, first + 3 * width // 4, first + width
+
+
+def broker_port_base() -> int:
+    """A base for per-broker listeners whose first ports are free (``_lane_ports``)."""
+    first, singles, _ = _lane_ports()
     for _ in range(100):
-        base = random.randrange(first, first + max(1, width - BROKER_PORTS_CHECKED))
+        base = random.randrange(first, max(first + 1, singles - BROKER_PORTS_CHECKED))
         if all(_bindable(base + n) for n in range(BROKER_PORTS_CHECKED)):
             return base
-    return free_port()  # no free block found: fall back to the old choice
+    return ephemeral_port()  # no free block found: fall back to the old choice
+
+
+# Ports handed out lately in this process: free when checked, maybe not bound yet (a
+# command line takes two at once).
+_HANDED: collections.deque[int] = collections.deque(maxlen=256)
+
+
+def free_port() -> int:
+    """A loopback port that is free now, from this lane's single ports (``_lane_ports``),
+    not one handed out lately."""
+    _, singles, end = _lane_ports()
+    for _ in range(200):
+        port = random.randrange(singles, end)
+        if port not in _HANDED and _bindable(port):
+            _HANDED.append(port)
+            return port
+    return ephemeral_port()
 
 
 def _bindable(port: int) -> bool:

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from kproxy.embedded_broker import TansuBroker, free_port
+from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, broker_port_base, kproxy_process
+from ..support import KproxyProcess, broker_port_base, free_port, kproxy_process
 
 pytestmark = pytest.mark.broker
 RUN = uuid.uuid4().hex[:6]

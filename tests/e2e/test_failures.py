@@ -13,10 +13,10 @@ import pytest
 import trio
 
 from kproxy.codecs import api_keys
-from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
+from kproxy.embedded_broker import TansuBroker, wait_for_port
 
 from ..fake_broker import FakeBroker
-from ..support import RawClient, broker_port_base, encode_request, kproxy_process
+from ..support import RawClient, broker_port_base, encode_request, free_port, kproxy_process
 
 METADATA_V12 = {"topics": [], "allow_auto_topic_creation": False,
                 "include_topic_authorized_operations": False}

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.embedded_broker import TansuBroker, free_port
+from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, kproxy_process
+from ..support import KproxyProcess, free_port, kproxy_process
 from .test_rebootstrap_e2e import read_partition
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from kproxy.embedded_broker import TansuBroker, free_port
+from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.workers import Supervisor
 
-from ..support import broker_port_base, http_get, make_config
+from ..support import broker_port_base, free_port, http_get, make_config
 
 pytestmark = pytest.mark.broker
 

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
+from kproxy.embedded_broker import TansuBroker, wait_for_port
+
+from ..support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deploy"))

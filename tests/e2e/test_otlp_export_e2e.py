@@ -18,10 +18,10 @@ import pytest
 from google.protobuf import json_format, text_format
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy.embedded_broker import TansuBroker, free_port
+from kproxy.embedded_broker import TansuBroker
 
 from ..fake_otlp_collector import FakeCollector, fake_collector
-from ..support import KproxyProcess, kproxy_process
+from ..support import KproxyProcess, free_port, kproxy_process
 
 pytestmark = pytest.mark.broker
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>.*)\})? (?P<value>\S+)$')

@@ -262,7 +262,7 @@ async def test_admin_rebootstrap_and_metadata_v13_bridge(
 
 async def test_reuse_port_lets_two_proxies_share_their_ports(
         nursery: trio.Nursery, tansu_bg: TansuBroker) -> None:
-    from kproxy.embedded_broker import free_port
+    from ..support import free_port
 
     try:
         listen_port, base = free_port(), broker_port_base()
@@ -288,8 +288,9 @@ async def test_reuse_port_lets_two_proxies_share_their_ports(
 
 
 async def test_without_reuse_port_a_taken_port_is_refused() -> None:
-    from kproxy.embedded_broker import free_port
     from kproxy.runtime.listeners import open_listeners
+
+    from ..support import free_port
 
     port = free_port()
     held = await open_listeners("127.0.0.1", port, reuse_port=False)

@@ -22,11 +22,11 @@ import trustme
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.messages import decode_response
-from kproxy.embedded_broker import TansuBroker, free_port
+from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
-from ..support import RawClient, encode_request, http_get, make_config
+from ..support import RawClient, encode_request, free_port, http_get, make_config
 from ..tls_front import serve_tls_front
 
 TOPIC_MESSAGES = 50

@@ -18,12 +18,12 @@ import pytest
 import trio
 
 from kproxy.codecs import api_keys
-from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
+from kproxy.embedded_broker import TansuBroker, wait_for_port
 from kproxy.http.status import MAX_GROUPS, MAX_TEXT, snapshot
 from kproxy.http.status_page import render
 from kproxy.runtime.server import Proxy
 
-from ..support import RawClient, broker_port_base, http_get, make_config, stop_process
+from ..support import RawClient, broker_port_base, free_port, http_get, make_config, stop_process
 
 EVIL = '<script>alert("x")</script>&'
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
+from kproxy.embedded_broker import TansuBroker, wait_for_port
 
-from ..support import KproxyProcess, kproxy_process
+from ..support import KproxyProcess, free_port, kproxy_process
 
 pytestmark = pytest.mark.broker
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>.*)\} (?P<value>\S+)$')

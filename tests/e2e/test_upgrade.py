@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port
+from kproxy.embedded_broker import TansuBroker, wait_for_port
 
-from ..support import broker_port_base, stop_process
+from ..support import broker_port_base, free_port, stop_process
 
 pytestmark = pytest.mark.broker
 REPLACEMENTS = 3

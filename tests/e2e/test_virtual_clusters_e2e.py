@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from kproxy.codecs.messages import decode_response
-from kproxy.embedded_broker import TansuBroker, free_port
+from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, broker_port_base, kproxy_process, metric_value
+from ..support import KproxyProcess, broker_port_base, free_port, kproxy_process, metric_value
 
 pytestmark = pytest.mark.broker
 TENANTS = ("alpha", "beta")
