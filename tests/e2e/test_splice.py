@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import random
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -306,6 +307,52 @@ async def test_a_drained_source_is_waited_for_not_asked_again(
     assert None not in from_source, from_source  # never asked a drained source
     for s in (a, a_peer, b, b_peer):
         s.close()
+
+
+async def test_no_yield_after_a_frames_last_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The yield for fairness never comes after the frame's last byte left: the caller
+    expects the request's answer only once ``splice_exactly`` returns, and a broker
+    answering during such a yield would find its answer taken for a stray one (dropped,
+    and every later answer on the connection waiting behind the lost one). Every splice
+    that moves bytes counts toward the yield here (``FAIRNESS_OPS`` 1)."""
+    monkeypatch.setattr(splice, "FAIRNESS_OPS", 1)
+    a, a_peer = trio.socket.socketpair()
+    b, b_peer = socket.socketpair()  # plain sockets: read without a wait at each yield
+    b.setblocking(False)
+    b_peer.settimeout(10)
+    data = filler(100_000, 6)
+    delivered_at_yields: list[int] = []  # bytes the destination held at each yield
+    real_checkpoint = trio.lowlevel.checkpoint
+
+    async def noting() -> None:
+        try:
+            held = len(b_peer.recv(len(data) + 1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            held = 0
+        delivered_at_yields.append(held)
+        await real_checkpoint()
+
+    monkeypatch.setattr(trio.lowlevel, "checkpoint", noting)
+    pipe = splice.PIPES.take()
+    assert pipe is not None
+    sent = 0
+    while sent < len(data):  # all there before the splice: it never waits
+        sent += await a_peer.send(data[sent:])
+    size, pipe.size = pipe.size, 16 * 1024  # at most 16 KiB a round: several rounds
+    try:
+        await splice.splice_exactly(a.fileno(), b.fileno(), len(data), pipe,
+                                    read_timeout=10.0, write_timeout=10.0)
+    finally:
+        pipe.size = size
+    splice.PIPES.give_back(pipe, empty=True)
+    got = bytearray()
+    while len(got) < len(data):
+        got.extend(b_peer.recv(1 << 16))
+    assert bytes(got) == data
+    assert delivered_at_yields, "FAIRNESS_OPS 1: a yield after each splice but the last"
+    assert all(n < len(data) for n in delivered_at_yields), delivered_at_yields
+    for sock in (a, a_peer, b, b_peer):
+        sock.close()
 
 
 @pytest.mark.parametrize("side", ["read", "write"])
