@@ -21,6 +21,7 @@ from kproxy.session.inflight import Slot
 if TYPE_CHECKING:
     from kproxy.session.session import Session
 
+
 def respond_now(session: Session, slot: Slot, wire: Frame | memoryview,
                 body: memoryview) -> Handled | None:
     """Fill ``slot`` with the answer to send for the response ``body`` (``wire``: the

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from kproxy.session.session import Session
 
 
-
 def _throttle(session: Session, kind: str, amount: float) -> float:
     """Count ``amount``; mute the channel for the throttle it earns (seconds)."""
     delay = session.services.quotas.record(session.conn.principal, kind, amount,
