@@ -263,10 +263,10 @@ class ConnectionState:
         return api_key in self._requests
 
     def in_lane(self, api_key: int) -> bool:
-        """Whether a request of ``api_key`` is decided without waiting and without being
-        answered here (relayed or replaced: ``None`` or ``Forward``), so the express lane
-        may take it: no handler, or one that says so (``decides_now``). Never with SASL
-        at the proxy."""
+        """Whether a request of ``api_key`` is decided without waiting, so the express
+        lane may take it: no handler, or one that says so (``decides_now``: whatever it
+        returns is applied as returned, never asked again). Never with SASL at the
+        proxy."""
         if self.shared.sasl_gate is not None:
             return False
         handler = self._requests.get(api_key)

@@ -129,6 +129,10 @@ class MetadataRequest:
 class LocalRequest:
     """A request the proxy answers itself; refused before SASL when SASL is required."""
 
+    # Answer, AnswerLater or Close, at once: the express lane answers a small telemetry
+    # push in its turn (ConnectionState.in_lane), so the connection stays in the lane.
+    decides_now = True
+
     def __init__(self, answer: LocalHandler) -> None:
         self.answer = answer
 

@@ -55,6 +55,7 @@ from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upst
 from kproxy.runtime.upstream import BootstrapRotation, UpstreamConnector
 from kproxy.runtime.virtual_clusters import VirtualCluster, VirtualClusterCollector
 from kproxy.session.events import SessionEvents
+from kproxy.session.parked.express import call_in_trio
 from kproxy.session.parked.parking import ParkingLot
 from kproxy.session.session import Session
 from kproxy.telemetry import otlp_export
@@ -96,7 +97,8 @@ class Proxy:
         local: dict[int, LocalHandler] = {}
         self.telemetry: TelemetryService | None = None
         if config.telemetry.enabled:
-            self.telemetry = TelemetryService(config.telemetry, metrics, archive=self.archive)
+            self.telemetry = TelemetryService(config.telemetry, metrics, archive=self.archive,
+                                              in_trio=call_in_trio)
             local[api_keys.GET_TELEMETRY_SUBSCRIPTIONS] = self.telemetry.handle_get
             local[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
         local.update(local_handlers or {})  # tests stand in their own answers

@@ -28,7 +28,7 @@ import trio
 from kproxy.codecs import api_keys, framing
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame, FrameReader
-from kproxy.codecs.peek import peek_correlation_id, peek_request
+from kproxy.codecs.peek import RequestPeek, peek_correlation_id, peek_request
 from kproxy.memory import Charge
 from kproxy.policies.connection import Answer, AnswerLater, Close, Forward, Refuse
 from kproxy.session import splice, throttle
@@ -102,23 +102,10 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
                 await trio.lowlevel.checkpoint()
                 began = time.monotonic()
             continue
-        elif isinstance(decision, AnswerLater):
-            slot = session.ordered.answer_later(peek.correlation_id, peek.api_key,
-                                                peek.api_version, now)
-            session.start(_answer_later, session, slot, decision)
-            continue
-        elif isinstance(decision, Refuse):
-            # Answered after the delay, then closed; nothing after it is read or sent.
-            events.refused(Close(decision.event, decision.event, decision.message), conn)
-            slot = session.ordered.answer_later(peek.correlation_id, peek.api_key,
-                                                peek.api_version, now)
-            session.start(_refuse, session, slot, decision)
-            session.stop_reading()
-            break
         else:
-            assert isinstance(decision, Close)
-            events.refused(decision, conn)
-            raise SessionClosed(decision.reason)
+            if not take_decided(session, peek, decision, now):
+                break  # refused: nothing after it is read or sent
+            continue
         session.ordered.expect(peek, now, upstream_version, throttle_ms)
         if len(session.ordered) >= session.config.max_inflight:
             # Backpressure: send what we have, then stop reading this client
@@ -130,6 +117,30 @@ async def handle_requests(session: Session, reader: FrameReader) -> None:
         await session.send_upstream(out)
     if answered_locally:
         await session.writer.flush()
+
+
+def take_decided(session: Session, peek: RequestPeek,
+                 decision: AnswerLater | Refuse | Close, now: float) -> bool:
+    """Apply a decision the proxy carries out itself, over time or by ending the
+    session: the request's place in the order is taken now. Used by the request side
+    and for a decision the express lane made and left to trio (``Session._after_lane``).
+    False after a refusal: no request after it is taken."""
+    if isinstance(decision, AnswerLater):
+        slot = session.ordered.answer_later(peek.correlation_id, peek.api_key,
+                                            peek.api_version, now)
+        session.start(_answer_later, session, slot, decision)
+        return True
+    events, conn = session.services.events, session.conn
+    if isinstance(decision, Refuse):
+        # Answered after the delay, then closed.
+        events.refused(Close(decision.event, decision.event, decision.message), conn)
+        slot = session.ordered.answer_later(peek.correlation_id, peek.api_key,
+                                            peek.api_version, now)
+        session.start(_refuse, session, slot, decision)
+        session.stop_reading()
+        return False
+    events.refused(decision, conn)
+    raise SessionClosed(decision.reason)
 
 
 async def _muted(session: Session, out: list[Frame | bytes],

@@ -18,11 +18,12 @@ import trio
 
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import FrameReader
+from kproxy.codecs.peek import RequestPeek
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
 from kproxy.memory import Charge
 from kproxy.policies import timeouts
-from kproxy.policies.connection import ConnectionState, Handled
+from kproxy.policies.connection import AnswerLater, Close, ConnectionState, Handled, Refuse
 from kproxy.session import throttle
 from kproxy.session.client_writer import ClientWriter
 from kproxy.session.errors import PeerGone, SessionClosed
@@ -58,6 +59,7 @@ class RequestSide:
         catch_up: Handled | None
         lane_after: float
         lane_failed: CodecError | None
+        lane_decided: tuple[RequestPeek, AnswerLater | Refuse | Close] | None
         _client_io: Transport
         _upstream_io: Transport | None
         _nursery: trio.Nursery | None
@@ -74,7 +76,8 @@ class RequestSide:
     async def _requests(self) -> None:
         cfg = self.config
         if (self.upstream_pending or self.catch_up is not None or self.writer.pending
-                or self.writer.close_after_flush or self.lane_failed is not None):
+                or self.writer.close_after_flush or self.lane_failed is not None
+                or self.lane_decided is not None):
             await self._after_lane()
         reader = FrameReader(cfg.max_frame_bytes)
         charge = Charge(self.services.budget)

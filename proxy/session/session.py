@@ -35,10 +35,11 @@ import trio
 
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import Frame
+from kproxy.codecs.peek import RequestPeek
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
 from kproxy.policies import timeouts
-from kproxy.policies.connection import ConnectionState, Handled
+from kproxy.policies.connection import AnswerLater, Close, ConnectionState, Handled, Refuse
 from kproxy.session import splice
 from kproxy.session.client_writer import ClientWriter, send_all
 from kproxy.session.errors import SessionClosed
@@ -46,10 +47,7 @@ from kproxy.session.guard import TaskGuard
 from kproxy.session.inflight import OrderedResponses
 from kproxy.session.latency_sketch import LatencySketch
 from kproxy.session.parked import express
-from kproxy.session.relay import (
-    RECV_BYTES,
-    relay_responses,
-)
+from kproxy.session.relay import RECV_BYTES, relay_responses, take_decided
 from kproxy.session.request_side import RequestSide
 from kproxy.session.transport import Buffer, SocketTransport, Transport, transport_for
 
@@ -60,11 +58,10 @@ class Session(RequestSide):
     # Slots: one of these per open connection, thousands when they idle.
     # (The request side's own are in ``RequestSide``.)
     __slots__ = ("_client_io", "_closed", "_closing", "_end_at_request", "_ended", "_nursery",
-                 "_on_end", "_upstream_io", "bytes_in", "catch_up", "client", "conn",
-                 "frames_in", "handing_back", "lane_after", "lane_failed", "lane_run",
-                 "lane_short", "last_activity", "listener", "mute_scope", "mute_until",
-                 "opened_at", "ordered", "parked", "services", "upstream", "upstream_pending",
-                 "writer")
+                 "_on_end", "_upstream_io", "bytes_in", "catch_up", "client", "conn", "frames_in",
+                 "handing_back", "lane_after", "lane_decided", "lane_failed", "lane_run",
+                 "lane_short", "last_activity", "listener", "mute_scope", "mute_until", "opened_at",
+                 "ordered", "parked", "services", "upstream", "upstream_pending", "writer")
 
     def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
                  node_id: int | None, peer: tuple[str, int],
@@ -110,6 +107,9 @@ class Session(RequestSide):
         self.lane_short = 0  # hand-backs in a row after fewer than express.MIN_RUN
         self.handing_back = False  # the lane asked trio to run it again
         self.lane_failed: CodecError | None = None  # a response the lane could not read
+        # A request the lane decided whose decision only trio can carry out (an answer
+        # made later, a refusal): ``relay.take_decided`` applies it, as decided.
+        self.lane_decided: tuple[RequestPeek, AnswerLater | Refuse | Close] | None = None
         self._on_end = on_end  # the proxy forgets the session and releases its admission
 
     @property
@@ -323,13 +323,17 @@ class Session(RequestSide):
         return express.relay_responses(self, client, upstream, now)
 
     async def _after_lane(self) -> None:
-        """Finish what the express lane left when it handed the session back: requests
-        it sent in part, a backend finding to act on, answers to write; or end the
-        session over a response it could not read, as the response side would."""
+        """Finish what the express lane left when it handed the session back: a
+        decision to carry out, requests it sent in part, a backend finding to act on,
+        answers to write; or end the session over a response it could not read, as the
+        response side would."""
         if self.lane_failed is not None:
             exc, self.lane_failed = self.lane_failed, None
             self.services.events.decode_error("response", "frame", exc, self.conn)
             raise SessionClosed(str(exc))
+        if self.lane_decided is not None:
+            (peek, decision), self.lane_decided = self.lane_decided, None
+            take_decided(self, peek, decision, time.monotonic())  # a refusal stops reading
         if self.upstream_pending:
             parts, self.upstream_pending = self.upstream_pending, ()
             await self.send_upstream(parts)

@@ -61,11 +61,19 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+def _call_now(fn: Callable[..., object], *args: object) -> None:
+    fn(*args)
+
+
 class TelemetryService:
     def __init__(self, cfg: TelemetryConfig, metrics: ProxyMetrics,
                  clock_ms: Callable[[], int] = _now_ms,
-                 archive: ArchiveWriter | None = None) -> None:
+                 archive: ArchiveWriter | None = None,
+                 in_trio: Callable[..., None] | None = None) -> None:
         self.cfg = cfg
+        # How a listener is called: a small push is answered where its request is
+        # relayed, in the express lane's thread too, and listeners belong to trio.
+        self.in_trio: Callable[..., None] = in_trio or _call_now
         self.archive = archive
         self.clock_ms = clock_ms
         self.store = MetricsStore(cfg.metric_prefix, cfg.max_series, cfg.max_series_bytes)
@@ -104,7 +112,8 @@ class TelemetryService:
         self._answers: dict[tuple[int, int], bytes] = {}
         self.shapes = RecentShapes()
         # Called with every accepted push (connection, instance, decompressed OTLP bytes):
-        # the OTLP exporter, the status page. They only take note and never wait.
+        # the OTLP exporter, the status page. They only take note and never wait; they
+        # run in trio's thread (``in_trio``).
         self.push_listeners: list[Callable[[ConnectionState, policy.ClientInstance, bytes],
                                            None]] = []
 
@@ -261,7 +270,7 @@ class TelemetryService:
             self.archive.telemetry_payload(result.raw, _resource_attributes(inst.attrs,
                                                                             self.hostname))
         for listener in self.push_listeners:
-            listener(session, inst, result.raw)
+            self.in_trio(listener, session, inst, result.raw)
         return True
 
     def _count_ingest(self, stats: IngestStats) -> None:

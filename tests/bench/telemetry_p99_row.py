@@ -2,13 +2,13 @@
 
 The bench's kproxy asks clients to push their metrics every 100 ms, 600 times as often
 as its default (60 s), so that telemetry runs throughout. A push is answered by the
-proxy itself, in trio: a connection the express lane relays is handed back to its
-trio tasks for it, and parks again at its next idle moment. The produce requests that
-arrive meanwhile take the trio path, and answers wait in order behind the push's.
-This row measures what that costs the p99 of single-message produce at 1,000/s, with
-pushes every 100 ms against the default interval, against the broker directly: two
-proxies (``--workers 1`` each) in front of one broker, the three paths in a shuffled
-order each round, the p99s' differences taken within each round.
+proxy itself: a small one in the express lane, in its place among the connection's
+requests (at e940158 and before, the lane handed the connection back to its trio tasks
+for each push, and the produce requests around it took the trio path). This row
+measures what pushes cost the p99 of single-message produce at 1,000/s, every 100 ms
+against the default interval, against the broker directly: two proxies (``--workers
+1`` each) in front of one broker, the three paths in a shuffled order each round, the
+p99s' differences taken within each round.
 """
 
 from __future__ import annotations

@@ -20,10 +20,13 @@ import pytest
 import trio
 
 from kproxy.codecs import api_keys
+from kproxy.codecs.messages import decode_response
+from kproxy.codecs.otlp.small import SMALL_POINTS
 from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
+from ..otlp_samples import librdkafka_like_payload
 from ..support import RawClient, encode_request
 from .test_parking import connected, parked, session_tasks
 from .test_parking import start_proxy as start_parking_proxy
@@ -204,6 +207,99 @@ async def test_a_response_the_lane_cannot_read_ends_the_session_as_on_the_trio_p
     errors = proxy.metrics.registry.get_sample_value(
         "kproxy_decode_errors_total", {"api": "frame", "side": "response"})
     assert errors == 1 and handbacks(proxy) == 1
+    await client.aclose()
+    proxy.shutdown()
+
+
+def push(got: dict[str, object], cid: int, points: int) -> bytes:
+    """A PushTelemetry request for the instance ``got`` (a Get's answer), uncompressed."""
+    return encode_request(api_keys.PUSH_TELEMETRY, 0, cid, {
+        "client_instance_id": got["client_instance_id"],
+        "subscription_id": got["subscription_id"], "terminating": False,
+        "compression_type": 0, "metrics": librdkafka_like_payload(points)})
+
+
+async def pipelined(client: RawClient, requests: list[bytes], cids: list[int]
+                    ) -> list[bytes]:
+    """Send ``requests`` in one write; their answers, checked to come in order."""
+    await client.send(b"".join(requests))
+    frames = []
+    for cid in cids:
+        frame = await client.read_frame()
+        assert frame is not None and int.from_bytes(frame[:4], "big") == cid
+        frames.append(frame)
+    return frames
+
+
+async def test_telemetry_is_answered_in_the_lane_in_order(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """A Get and a small push between relayed requests are answered by the lane, in
+    order and without a hand-back, and the push listeners still run in trio's thread.
+    A push too large to decode at once (an answer made later) is left to trio as the
+    lane decided it, answered in its place, and the session returns to the lane."""
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    assert proxy.telemetry is not None
+    heard: list[float] = []  # trio's clock, as each listener call saw it
+    proxy.telemetry.push_listeners.append(lambda *_: heard.append(trio.current_time()))
+    client = await connected(proxy)
+    await parked(proxy)
+    (session,) = proxy.sessions
+    await warmed(proxy, client)
+    before, handed = lane_requests(proxy), handbacks(proxy)
+    get = encode_request(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, 0, 2,
+                         {"client_instance_id": uuid.UUID(int=0)})
+    (answer,) = await pipelined(client, [get], [2])
+    got = decode_response(answer, api_keys.GET_TELEMETRY_SUBSCRIPTIONS, 0).body
+    assert got["error_code"] == 0
+    frames = await pipelined(client, [encode_request(api_keys.METADATA, 12, 3, METADATA_V12),
+                                      push(got, 4, 3),
+                                      encode_request(api_keys.METADATA, 12, 5, METADATA_V12)],
+                             [3, 4, 5])
+    assert decode_response(frames[1], api_keys.PUSH_TELEMETRY, 0).body["error_code"] == 0
+    assert lane_requests(proxy) - before == 4 and handbacks(proxy) == handed
+    assert session.parked and session_tasks() == 0
+    with trio.fail_after(10):
+        while not heard:  # called soon after, in trio
+            await trio.sleep(0.01)
+    # Another instance's push of more points than are decoded at once.
+    get = encode_request(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, 0, 6,
+                         {"client_instance_id": uuid.UUID(int=0)})
+    got = decode_response((await pipelined(client, [get], [6]))[0],
+                          api_keys.GET_TELEMETRY_SUBSCRIPTIONS, 0).body
+    frames = await pipelined(client, [encode_request(api_keys.METADATA, 12, 7, METADATA_V12),
+                                      push(got, 8, SMALL_POINTS + 1),
+                                      encode_request(api_keys.METADATA, 12, 9, METADATA_V12)],
+                             [7, 8, 9])
+    assert decode_response(frames[1], api_keys.PUSH_TELEMETRY, 0).body["error_code"] == 0
+    assert handbacks(proxy) == handed + 1
+    accepted = proxy.metrics.registry.get_sample_value(
+        "kproxy_telemetry_requests_total", {"api": "PushTelemetry", "error": "none"})
+    assert accepted == 2 and len(heard) == 2
+    await parked(proxy)
+    await metadata(client, 10)
+    assert handbacks(proxy) == handed + 1 and session.parked
+    await client.aclose()
+    proxy.shutdown()
+
+
+async def test_local_answers_that_take_work_leave_the_rest_to_trio(
+        nursery: trio.Nursery, fake: FakeBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``LOCAL_WORK_S`` of local answers in one receive (none here: every one
+    passes it), the lane hands the rest to the session's tasks, which pace it; every
+    answer still comes once, in order."""
+    from kproxy.session.parked import express
+
+    monkeypatch.setattr(express, "LOCAL_WORK_S", 0.0)
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    handed = handbacks(proxy)
+    gets = [encode_request(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, 0, cid,
+                           {"client_instance_id": uuid.UUID(int=0)}) for cid in (2, 3, 4)]
+    await pipelined(client, [*gets, encode_request(api_keys.METADATA, 12, 5, METADATA_V12)],
+                    [2, 3, 4, 5])
+    assert handbacks(proxy) == handed + 1
     await client.aclose()
     proxy.shutdown()
 

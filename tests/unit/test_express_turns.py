@@ -8,8 +8,10 @@ import itertools
 import threading
 import time
 
+import pytest
 import trio
 
+from kproxy.session.parked import express
 from kproxy.session.parked.express import Turns
 
 
@@ -51,3 +53,30 @@ async def test_a_busy_trio_and_a_busy_lane_alternate_and_never_overlap() -> None
     # trio take about a thousand).
     between = sorted(b - a for a, b in itertools.pairwise(passes_at_turn))
     assert between[len(between) // 2] <= 50, between
+
+
+async def test_a_call_from_the_lane_runs_in_trio_and_a_failure_stays_in_the_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``call_in_trio``: from trio's thread at once; from the lane's, soon, by trio's
+    run loop, where what it raises is logged instead of ending the run."""
+    ran: list[float] = []  # trio's clock as each call saw it: there is none outside trio
+    express.call_in_trio(lambda: ran.append(trio.current_time()))
+    assert len(ran) == 1
+    token = trio.lowlevel.current_trio_token()
+
+    def fail() -> None:
+        raise ValueError("a listener's fault")
+
+    def lane() -> None:
+        express._in_lane.token = token  # as the lane's thread holds it
+        express.call_in_trio(fail)
+        express.call_in_trio(lambda: ran.append(trio.current_time()))
+
+    thread = threading.Thread(target=lane, daemon=True)
+    thread.start()
+    with trio.fail_after(10):
+        while len(ran) < 2:
+            await trio.sleep(0.01)
+    thread.join()
+    assert any("express lane left to trio" in r.message and r.exc_info
+               and isinstance(r.exc_info[1], ValueError) for r in caplog.records)

@@ -19,10 +19,12 @@ for anything else with ``TrioToken.run_sync_soon``).
 
 **What it relays.** Whole frames, from the front of what one receive (``LANE_BYTES``)
 brought: a request whose handler decides without waiting (``ConnectionState.in_lane``),
-a response whatever its handler, as the trio path would (``responses.respond_now``). It
-stops at the first frame it cannot relay (a partial or large frame, a request a handler
-answers later, a stray response, quotas on, a drain) and hands the session back to its
-trio tasks: the bytes not relayed wait in the transport (``SocketTransport.carry``), a
+relayed, replaced or answered here (a small telemetry push), and a response whatever
+its handler, as the trio path would (``responses.respond_now``). It stops at the first
+frame it cannot relay (a partial or large frame, a stray response, quotas on, a drain)
+or a decision only trio can carry out (an answer made later, a refusal: kept in
+``Session.lane_decided``, not made again) and hands the session back to its trio
+tasks: the bytes not relayed wait in the transport (``SocketTransport.carry``), a
 write the kernel did not take whole in ``ClientWriter.pending`` or
 ``Session.upstream_pending``, and the session runs again as a woken parked session
 does. A session handed back soon after it parked, twice in a row, does not park at once
@@ -46,7 +48,8 @@ import trio
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import frame
 from kproxy.codecs.peek import peek_correlation_id, peek_request
-from kproxy.policies.connection import Forward
+from kproxy.policies.connection import Answer, Forward
+from kproxy.session.relay import LOCAL_WORK_S
 from kproxy.session.responses import respond_now
 from kproxy.session.transport import Buffer, SocketTransport
 
@@ -66,6 +69,28 @@ LANE_BYTES = 64 * 1024
 # moment.
 MIN_RUN = 8
 BACKOFF_S = 1.0
+
+
+# In the lane's thread: trio's token (``call_in_trio``).
+_in_lane = threading.local()
+
+
+def call_in_trio(fn: Callable[..., object], *args: object) -> None:
+    """Call ``fn`` in trio's thread: at once from there, soon from the lane's (where
+    nothing may call trio: a listener that sets a trio event, reads trio's clock)."""
+    token: trio.lowlevel.TrioToken | None = getattr(_in_lane, "token", None)
+    if token is None:
+        fn(*args)
+    else:
+        token.run_sync_soon(_contained, fn, *args)
+
+
+def _contained(fn: Callable[..., object], *args: object) -> None:
+    """``fn`` called by trio's run loop: what it raises is logged, not trio's to die of."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("internal error in a call the express lane left to trio")
 
 
 class Turns(trio.abc.Instrument):
@@ -136,7 +161,8 @@ class ExpressLane:
         turns.trio_takes()  # trio is running
         trio.lowlevel.add_instrument(turns)
         self._epoll.register(self._stop_r, select.EPOLLIN)
-        thread = threading.Thread(target=self._loop, name="kproxy-express-lane", daemon=True)
+        thread = threading.Thread(target=self._loop, args=(trio.lowlevel.current_trio_token(),),
+                                  name="kproxy-express-lane", daemon=True)
         thread.start()
         try:
             await trio.sleep_forever()
@@ -152,9 +178,10 @@ class ExpressLane:
             os.close(self._stop_r)
             os.close(self._stop_w)
 
-    def _loop(self) -> None:
+    def _loop(self, token: trio.lowlevel.TrioToken) -> None:
         epoll, stop, clock, turns = self._epoll, self._stop_r, self._clock, self.turns
         assert clock is not None
+        _in_lane.token = token
         while True:
             try:
                 events = epoll.poll()
@@ -187,7 +214,8 @@ def relay_requests(session: Session, client: SocketTransport, upstream: SocketTr
     conn, ordered, metrics = session.conn, session.ordered, session.services.metrics
     view = memoryview(data)
     out: list[Buffer] = []
-    pos = taken = 0
+    pos = taken = answered = 0
+    began = time.monotonic()
     room = session.config.max_inflight - len(ordered)
     for start, size in _whole_frames(view, session.config.max_frame_bytes):
         if taken >= room:
@@ -200,28 +228,43 @@ def relay_requests(session: Session, client: SocketTransport, upstream: SocketTr
         if not conn.in_lane(peek.api_key):
             break
         decision = conn.request(peek, body)
+        metrics.api(peek.api_key).request(size + 4)
+        session.bytes_in += size + 4
+        session.frames_in += 1
         upstream_version = peek.api_version
         if decision is None:
             out.append(view[pos:start + size])
         elif isinstance(decision, Forward):
             out.append(frame(decision.body))
             upstream_version = decision.upstream_version
-        else:  # not from an ``in_lane`` handler: the session's tasks decide it again
+        elif isinstance(decision, Answer):  # answered here, in its turn
+            ordered.answer_locally(peek.correlation_id, peek.api_key, peek.api_version,
+                                   time.monotonic(), frame(decision.body))
+            answered += 1
+            taken += 1
+            pos = start + size
+            if time.monotonic() - began > LOCAL_WORK_S:
+                break  # answers that took work: trio takes the rest, with others between
+            continue
+        else:  # answered later, refused or closed: trio carries it out, as decided
+            session.lane_decided = (peek, decision)
+            pos = start + size
             break
-        metrics.api(peek.api_key).request(size + 4)
-        session.bytes_in += size + 4
-        session.frames_in += 1
         ordered.expect(peek, time.monotonic(), upstream_version)
         taken += peek.expects_response
         pos = start + size
-    if out:
-        metrics.lane_requests.inc(len(out))
-        session.lane_run += len(out)
+    if out or answered:
+        metrics.lane_requests.inc(len(out) + answered)
+        session.lane_run += len(out) + answered
         session.last_activity = now
+    if out:
         rest = upstream.write_now(out)
         if rest:
             session.upstream_pending = tuple(bytes(b) for b in rest)
-    if pos < len(data) or session.upstream_pending:
+    if answered:
+        session.writer.write_now()
+    if (pos < len(data) or session.upstream_pending or session.writer.pending
+            or session.lane_decided is not None):
         client.carry = data[pos:] if pos < len(data) else None
         return False
     return True
