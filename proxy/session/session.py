@@ -27,6 +27,7 @@ backend gone) runs it again. It is counted open, and reported closed, once.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -217,6 +218,10 @@ class Session(RequestSide):
 
     def _gone(self) -> None:
         self._ended = True
+        if self.lane_decided is not None:  # ended before its tasks could carry it out
+            decision, self.lane_decided = self.lane_decided[1], None
+            if isinstance(decision, AnswerLater) and inspect.iscoroutine(decision.reply):
+                decision.reply.close()  # never to be awaited: not a warning at collection
         if self._closed is not None:
             self._closed.set()
         self._on_end(self)
