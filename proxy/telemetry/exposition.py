@@ -47,7 +47,8 @@ class ClientMetricsCollector:
 
     def __call__(self) -> Iterator[Piece]:
         service = self.service
-        service.state.expire(service.clock_ms())
+        for _ in service.state.expire_steps(service.clock_ms()):
+            yield None  # 1,000 instances looked at in one go held the loop for 2 ms
         # Counted after expiry, so they agree with the series below in the same scrape.
         yield GaugeMetricFamily("kproxy_telemetry_client_instances",
                                 "Client instances remembered", len(service.state.instances))

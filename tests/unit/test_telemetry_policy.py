@@ -152,6 +152,25 @@ def test_expiry_and_lru_bound_forget_instances() -> None:
     assert st.expire(now=1005 + 60_001) == 3 and not st.instances
 
 
+def test_expiry_in_steps_looks_at_a_bounded_number_each_step() -> None:
+    """``expire_steps`` (a scrape's sweep): each step looks at ``per_step`` instances
+    or ends at one forgotten; instances that change between steps are judged as they
+    are then; the result is ``expire``'s."""
+    forgotten: list[uuid.UUID] = []
+    st = t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 1000}),
+                          on_forget=forgotten.append)
+    ids = [uuid.UUID(int=i) for i in range(1, 11)]
+    for i, iid in enumerate(ids):
+        st.get_subscriptions(iid, ATTRS, now=1000 + (i % 2) * 50_000)  # odd ones younger
+    steps = st.expire_steps(now=1000 + 60_001, per_step=3)
+    assert next(steps) == 1 and forgotten == ids[:1]  # the first instance, old: forgotten
+    st.get_subscriptions(ids[2], ATTRS, now=1000 + 60_001)  # seen again meanwhile
+    # A full step of three looked at (none old now), then a step per old one, the end.
+    assert list(steps) == [1, 2, 3, 4, 4]
+    assert forgotten == [ids[0], ids[4], ids[6], ids[8]]
+    assert set(st.instances) == {ids[2], *ids[1::2]}
+
+
 def test_store_kinds_names_and_labels() -> None:
     from kproxy.codecs.otlp import model as otlp
 
