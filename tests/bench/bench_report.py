@@ -196,7 +196,15 @@ def scrape_section(rows: list[dict[str, float]]) -> list[str]:
               "second whether requests wait for the scrape. The exposition is produced in "
               "slices of 0.5 ms with a 2 ms pause after each, gzip (level 1) included, "
               "from label text kept per series (kproxy/exposition.py); the longest slice "
-              "is the CPU time the scrape held the loop for at once. "
+              "is the CPU time the scrape held the loop for at once, read after the "
+              "last of three scrapes on the idle proxy. Since d7458bc the sweep of "
+              "expired clients that opens a scrape goes 128 clients a step (2 ms in one "
+              "step at 1,000 clients), the last text, the end of the gzip stream and the "
+              "young collection held back during the walk get slices of their own, and "
+              "text is deflated between pieces: the longest slice went from 2.1-2.5 ms "
+              "to about 1 ms at 250,000 series. The first scrape after hundreds of new "
+              "clients still holds the loop 4-7 ms in that young collection (it did "
+              "before too, inside the walk's last slice). "
               "`.venv/bin/python tests/bench/run_bench.py --only-scrape` measures this "
               "section alone and merges it into the saved run.", ""]
     return lines
@@ -285,9 +293,15 @@ Profiled on this machine with py-spy and perf during each workload.
   (a trio instrument timing task steps, the lane's events timestamped): the lane hands
   the session back 0.2 ms after the push arrives, trio's resume step (the push decoded
   and answered) takes 0.6-0.8 ms, the session parks again 2-3 ms later, and the 2 to 5
-  produce requests around it take 1.5-3.5 ms. With pushes at the 60 s default the p99
-  added is about a third of that at 100 ms; the rest is the proxy's CPU on two shared
-  cores, as above.
+  produce requests around it take 1.5-3.5 ms. Since ca905c5 the lane answers a
+  telemetry Get and a small push itself, in its place among the connection's
+  requests (about 70 us of CPU for a librdkafka push, decoded as it is answered), and
+  leaves only a push too large to decode at once to trio. The p99 added over direct
+  with pushes every 100 ms went from +1.79 ms (full run at e940158) to +0.81 ms in
+  the run above, and a paired check of the two trees (7 rounds, pushes every 100 ms)
+  read +0.69 against +0.49 ms; with pushes at the 60 s default it is +0.34 ms. The
+  rest is the proxy's CPU on two shared cores, as above, and the client's own
+  telemetry work at 100 ms.
 - **Tried for issue 30 and left out** (each measured side by side, one worker each):
   the express lane splicing large requests itself, so that a producer's batches never
   wait through trio, took 1.09x the CPU per GB of trio's splice path (5 paired rounds of
