@@ -155,8 +155,8 @@ class Exposition:
                     await writer.maybe_yield()
             await writer.next_slice()
         # The young collection the pause held back (what the walk and the relay made
-        # meanwhile: about 1 ms at 250,000 series) in a slice of its own, not on top
-        # of the walk's last one, nor unaccounted at the next allocation.
+        # meanwhile, and what pushes just before left young) in a slice of its own,
+        # not on top of the walk's last one, nor unaccounted at the next allocation.
         if gc.isenabled():
             gc.collect(0)
         body = await writer.finish()
