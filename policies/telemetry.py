@@ -46,6 +46,7 @@ ERROR_NAMES: dict[int, str] = {
 
 EXPIRY_SWEEP_MS = 1000
 EXPIRY_STEP = 128  # instances looked at per step of a sweep in steps (expire_steps)
+REQUEST_EXPIRY_STEP = 32  # per step of the sweep that requests advance (_maybe_expire)
 INSTANCE_OVERHEAD = 1024  # bytes per instance beside its attribute strings
 LAST_PUSH_OVERHEAD = 256  # bytes a LastPush holds beside its per-point slots
 
@@ -159,6 +160,7 @@ class TelemetryState:
         self._new_id = new_instance_id
         self._on_forget = on_forget
         self._swept_at: int | None = None
+        self._sweep: Iterator[int] | None = None  # the requests' sweep in progress
         self.instance_bytes = 0
 
     def reconfigure(self, settings: TelemetrySettings) -> None:
@@ -203,6 +205,9 @@ class TelemetryState:
     def _instance(self, instance_id: uuid.UUID, attrs: dict[str, str],
                   now: int) -> ClientInstance:
         inst = self.instances.get(instance_id)
+        if inst is not None and now - inst.last_seen_ms > inst.expires_after_ms:
+            self._forget(instance_id)  # expired, not swept yet: as if it had been
+            inst = None
         if inst is None or inst.settings_version != self.version:
             # Unknown, expired or resolved under an older policy: start afresh, as a
             # broker does, so a stale subscription id is answered with 117.
@@ -241,9 +246,17 @@ class TelemetryState:
             self._forget(next(iter(self.instances)))
 
     def _maybe_expire(self, now: int) -> None:
-        """Sweep at most once a second: a sweep visits every instance, a request one."""
-        if self._swept_at is None or now - self._swept_at >= EXPIRY_SWEEP_MS:
-            self.expire(now)
+        """A step of a sweep per request, a sweep begun at most once a second: no
+        request pays for every instance at once (13,800 took 10.7 ms in a check, about
+        20 us a step). The instance a request names is judged on its own
+        (``_instance``)."""
+        sweep = self._sweep
+        if sweep is None:
+            if self._swept_at is not None and now - self._swept_at < EXPIRY_SWEEP_MS:
+                return
+            sweep = self._sweep = self.expire_steps(now, REQUEST_EXPIRY_STEP)
+        if next(sweep, None) is None:
+            self._sweep = None
 
     def get_subscriptions(self, instance_id: uuid.UUID, attrs: dict[str, str],
                           now: int) -> GetResult:

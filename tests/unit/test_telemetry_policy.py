@@ -164,11 +164,36 @@ def test_expiry_in_steps_looks_at_a_bounded_number_each_step() -> None:
         st.get_subscriptions(iid, ATTRS, now=1000 + (i % 2) * 50_000)  # odd ones younger
     steps = st.expire_steps(now=1000 + 60_001, per_step=3)
     assert next(steps) == 1 and forgotten == ids[:1]  # the first instance, old: forgotten
-    st.get_subscriptions(ids[2], ATTRS, now=1000 + 60_001)  # seen again meanwhile
+    st.instances[ids[2]].last_seen_ms = 1000 + 60_001  # seen again meanwhile
     # A full step of three looked at (none old now), then a step per old one, the end.
     assert list(steps) == [1, 2, 3, 4, 4]
     assert forgotten == [ids[0], ids[4], ids[6], ids[8]]
     assert set(st.instances) == {ids[2], *ids[1::2]}
+
+
+def test_requests_sweep_a_step_each_and_never_keep_an_expired_instance() -> None:
+    """A request advances the expiry sweep by one step (``REQUEST_EXPIRY_STEP``
+    instances), not all of them at once; the instance it names is judged on its own:
+    expired, it is forgotten (its series with it) and started afresh."""
+    forgotten: list[uuid.UUID] = []
+    st = t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 1000}),
+                          on_forget=forgotten.append)
+    ids = [uuid.UUID(int=i) for i in range(1, 201)]
+    for iid in ids:
+        st.get_subscriptions(iid, ATTRS, now=1000)
+    before = st.instances[ids[-1]]
+    late = 1000 + 60_001  # every instance expired
+    pushed = st.push(ids[-1], before.resolved.subscription_id, False, 0, b"", ATTRS,
+                     now=late)
+    assert pushed.instance is not None and pushed.instance is not before  # afresh
+    # That request swept one step and forgot its own instance, no more.
+    assert forgotten == [ids[0], ids[-1]]
+    n = 1
+    while len(forgotten) < len(ids):  # each further request: one more step
+        st.get_subscriptions(ids[-1], ATTRS, now=late + n)
+        n += 1
+    assert n > len(ids) // t.REQUEST_EXPIRY_STEP
+    assert set(st.instances) == {ids[-1]}
 
 
 def test_store_kinds_names_and_labels() -> None:
