@@ -204,7 +204,7 @@ def scrape_section(rows: list[dict[str, float]]) -> list[str]:
               "text is deflated between pieces: the longest slice went from 2.1-2.5 ms "
               "to about 1 ms at 250,000 series. A scrape right after hundreds of new "
               "clients pushed can still hold the loop 4-7 ms in that young collection, "
-              "which then also walks what their pushes left young (it did before too, "
+              "most likely walking what their pushes left young (it did before too, "
               "inside the walk's last slice). "
               "`.venv/bin/python tests/bench/run_bench.py --only-scrape` measures this "
               "section alone and merges it into the saved run.", ""]
