@@ -97,6 +97,9 @@ class ClientInstance:
     def expires_after_ms(self) -> int:
         return max(60_000, 3 * self.resolved.interval_ms)
 
+    def expired(self, now: int) -> bool:
+        return now - self.last_seen_ms > self.expires_after_ms
+
     def may_get(self, now: int) -> bool:
         first, self.asked = not self.asked, True
         if first or now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms:
@@ -185,7 +188,7 @@ class TelemetryState:
         for instance_id in ids:
             inst = self.instances.get(instance_id)
             looked += 1
-            if inst is not None and now - inst.last_seen_ms > inst.expires_after_ms:
+            if inst is not None and inst.expired(now):
                 self._forget(instance_id)
                 gone += 1
                 looked = per_step
@@ -205,7 +208,7 @@ class TelemetryState:
     def _instance(self, instance_id: uuid.UUID, attrs: dict[str, str],
                   now: int) -> ClientInstance:
         inst = self.instances.get(instance_id)
-        if inst is not None and now - inst.last_seen_ms > inst.expires_after_ms:
+        if inst is not None and inst.expired(now):
             self._forget(instance_id)  # expired, not swept yet: as if it had been
             inst = None
         if inst is None or inst.settings_version != self.version:

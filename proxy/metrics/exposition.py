@@ -242,14 +242,17 @@ class _Writer:
         text waiting deflated once there is ``ZIP_BYTES`` of it."""
         if time.perf_counter() - self.slice_start >= SLICE_SECONDS:
             await self.next_slice()
-        elif self._zip is not None and self._text_bytes >= ZIP_BYTES:
-            self._deflate()
+        else:
+            self._deflate_if_due()
 
     async def next_slice(self) -> None:
         """Let the loop run, then start a slice: with the text waiting to be deflated."""
         self._end_slice()
         await trio.sleep(REST_SECONDS)
         self._start_slice()
+        self._deflate_if_due()
+
+    def _deflate_if_due(self) -> None:
         if self._zip is not None and self._text_bytes >= ZIP_BYTES:
             self._deflate()
 
