@@ -28,7 +28,7 @@ from kproxy.runtime.server import Proxy
 from ..fake_broker import FakeBroker
 from ..otlp_samples import librdkafka_like_payload
 from ..support import RawClient, encode_request
-from .test_parking import connected, parked, session_tasks
+from .test_parking import closed_by_proxy, connected, parked, session_tasks
 from .test_parking import start_proxy as start_parking_proxy
 from .test_proxy_inprocess import METADATA_V12
 
@@ -92,6 +92,31 @@ async def test_a_busy_session_stays_parked_while_the_lane_answers_in_order(
     assert lane_requests(proxy) - before == 240 and handbacks(proxy) == handed
     assert session.parked and proxy.sessions == {session}
     await client.aclose()
+    proxy.shutdown()
+
+
+async def test_a_session_the_lane_keeps_busy_outlives_the_idle_timeout_then_meets_it(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """The lane moves a parked session's last activity without a new deadline entry;
+    the entry that comes due is put back at the latest activity. Busy for well over
+    the idle timeout, the session stays open; quiet, it is closed on time."""
+    proxy = await start_proxy(nursery, fake.bootstrap, idle_timeout="1.0")
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    (session,) = proxy.sessions
+    before = lane_requests(proxy)
+    began = trio.current_time()
+    cid = 2
+    while trio.current_time() - began < 2.5:  # 2.5 idle timeouts, a request every 50 ms
+        await metadata(client, cid)
+        cid += 1
+        await trio.sleep(0.05)
+    assert lane_requests(proxy) - before == cid - 2 and session.parked
+    quiet = trio.current_time()
+    await closed_by_proxy(client)
+    assert 0.95 <= trio.current_time() - quiet < 2.5
+    assert proxy.metrics.limits_hit.labels("idle_timeout")._value.get() == 1
     proxy.shutdown()
 
 
