@@ -28,6 +28,10 @@ class RequestPeek:
 
 _CONTROLLED_SHUTDOWN = 7  # v0 of it has no client id in its header
 _HEAD = struct.Struct(">hhih")  # api key, version, correlation id, client id length
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+# The first flexible Produce version (compact strings from there on), from the table.
+_PRODUCE_FLEXIBLE_SINCE = next(v for v in range(64) if is_flexible(PRODUCE, v))
 # The last client id read and its bytes: a connection sends the same one every time.
 _last_client_id: tuple[bytes, str] = (b"", "")
 
@@ -60,9 +64,24 @@ def peek_request(frame: bytes | bytearray | memoryview) -> RequestPeek:
                 _last_client_id = (raw, client_id)
             expects = True
             if api_key == PRODUCE:
-                expects = produce_acks(Reader(frame, pos), api_version) != 0
+                expects = _produce_acks_at(frame, pos, api_version) != 0
             return RequestPeek(api_key, api_version, correlation_id, client_id, pos, expects)
     return _peek_request(frame)
+
+
+def _produce_acks_at(frame: bytes | bytearray | memoryview, pos: int, api_version: int) -> int:
+    """``produce_acks`` at ``pos``: with no transactional id (a null string, the usual
+    producer) one unpack, else the general reader."""
+    if api_version < 3:
+        at = pos
+    elif api_version >= _PRODUCE_FLEXIBLE_SINCE:
+        at = pos + 1 if pos < len(frame) and frame[pos] == 0 else -1  # compact null: 0
+    else:
+        at = pos + 2 if frame[pos:pos + 2] == b"\xff\xff" else -1  # int16 length -1
+    if at < 0 or at + 2 > len(frame):
+        return produce_acks(Reader(frame, pos), api_version)
+    acks: int = _INT16.unpack_from(frame, at)[0]
+    return acks
 
 
 def _peek_request(frame: bytes | bytearray | memoryview) -> RequestPeek:
@@ -92,7 +111,11 @@ def produce_acks(r: Reader, api_version: int) -> int:
 
 
 def peek_correlation_id(frame: bytes | bytearray | memoryview) -> int:
-    """The correlation id that opens every response header."""
+    """The correlation id that opens every response header (every relayed response
+    comes through here: one unpack; the reader says what is wrong with a short one)."""
+    if len(frame) >= 4:
+        correlation_id: int = _INT32.unpack_from(frame)[0]
+        return correlation_id
     return Reader(frame).int32()
 
 

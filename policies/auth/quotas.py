@@ -160,14 +160,12 @@ class Quotas:
         changed shape."""
         self._exact = {e.principal: e for e in entries if e.principal != DEFAULT_PRINCIPAL}
         self._default = next((e for e in entries if e.principal == DEFAULT_PRINCIPAL), None)
+        # Whether any quota applies: read for every relayed frame, so a plain attribute.
+        self.enabled = bool(self._exact) or self._default is not None
         if (samples, sample_s) != self._shape:
             self._rates.clear()
         self._shape = (samples, sample_s)
         self.max_throttle_s = samples * sample_s
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._exact) or self._default is not None
 
     def entry_for(self, principal: str | None) -> QuotaEntry | None:
         """The principal's own entry, else the default one (``*``)."""

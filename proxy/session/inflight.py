@@ -66,11 +66,11 @@ class OrderedResponses:
                throttle_ms: int = 0) -> None:
         """A request taken for the broker: the slot of its answer (the version it went
         upstream at, the throttle its answer carries), or none for an acks=0 Produce."""
-        if peek.expects_response:
-            slot = self.expect_upstream(peek.correlation_id, peek.api_key, peek.api_version,
-                                        now)
-            slot.upstream_version = upstream_version
-            slot.throttle_ms = throttle_ms
+        if peek.expects_response:  # expect_upstream's work, one call less a request
+            slot = Slot(peek.correlation_id, peek.api_key, peek.api_version, now, True, None,
+                        upstream_version, throttle_ms)
+            self._slots.append(slot)
+            self._awaiting_upstream.append(slot)
         else:
             self.expect_nothing(peek.correlation_id)
 

@@ -1,4 +1,5 @@
-"""The header peek's one-unpack path reads every request exactly as the general reader.
+"""The header peek's one-unpack path reads every request exactly as the general reader
+(the header, and a Produce request's acks).
 
 ``peek_request`` takes a shortcut for the usual header (issue 30: it runs for every
 relayed request); ``_peek_request`` is the general reader it falls back to. For any
@@ -13,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.peek import RequestPeek, _peek_request, peek_request
+from kproxy.codecs.peek import RequestPeek, _peek_request, peek_correlation_id, peek_request
+from kproxy.codecs.primitives import Reader
 
 
 def both(frame: bytes) -> tuple[RequestPeek | None, RequestPeek | None]:
@@ -52,6 +54,22 @@ def test_fast_peek_matches_the_general_reader(frame: bytes) -> None:
 def test_fast_peek_matches_on_any_bytes(frame: bytes) -> None:
     fast, general = both(frame)
     assert fast == general
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=8))
+def test_the_correlation_id_peek_matches_the_reader(frame: bytes) -> None:
+    """Every relayed response's correlation id is read with one unpack; a frame too
+    short for one is refused with the reader's own error."""
+    try:
+        expected: int | None = Reader(frame).int32()
+    except CodecError:
+        expected = None
+    try:
+        got: int | None = peek_correlation_id(frame)
+    except CodecError:
+        got = None
+    assert got == expected
 
 
 def produce_v9(acks: int) -> bytes:
