@@ -312,10 +312,34 @@ Profiled on this machine with py-spy and perf during each workload.
   0.27-0.30 ms interpreted, and produce through the compiled build stalled (p99 0.8-2.2
   s, not investigated). `SO_RCVLOWAT` on the socket a frame is spliced from: 1.08x the
   CPU per GB. A cheaper `Turns` (the turn handed over with two locks instead of a
-  condition variable): 0.8 us less per lane turn and 1.2 us per trio pass, under 1% of a
-  request. A small request in the lane makes about 200 Python-level calls (cProfile):
-  two receives, two `writev`s, the peek, the handler, the in-order queue and the
-  metrics, none over a tenth of the time.
+  condition variable) measured 0.8 us less per lane turn in a warm microbenchmark and
+  was left out then; the next item explains why the figure in place is larger.
+- **The lane's cost per small request, taken apart.** At 1,000 Metadata round trips a
+  second, per-thread CPU (/proc) puts all of kproxy's CPU on the lane's thread (trio's
+  did not move over a 5 s run); perf puts 75% of it in the interpreter; strace counts
+  the same system calls a request as the floor relay's, plus one `epoll_ctl` re-arm (2
+  `epoll_wait`, 2 `read`, 2 `writev`, 2 `epoll_ctl`). A scratch build whose lane relayed
+  raw bytes (no framing, no policy; 2 to 5 scratch runs of 5 s, one worker) cost
+  0.14-0.17 ms a round trip with the turn and the session dispatch, about 0.10 without
+  them: kproxy's structure was about 0.05 over the floor relays, its per-request work
+  about 0.13. cProfile counted 209 calls through 102 distinct functions a round trip,
+  about 0.8 us a call. My reading, not proven: at this rate each request finds the
+  caches cold (the client and the broker ran in between), so a call costs several times
+  a warm microbenchmark's figure, and the number of functions a request runs through
+  counts more than their work. Cut in 4fe3b2e, a4c4257 and abdf454: the turn is a plain
+  lock taken without waiting when free and not asked for (the condition variable only
+  for a side that must wait; `test_express_turns` still sees strict alternation when
+  both are busy), no idle-deadline heap push per relayed request (the entry is put back
+  when it comes due), the lane counters as plain numbers, one unpack for a response's
+  correlation id and a Produce request's acks: 170 calls through 84 functions. Paired
+  with the tree before (6 rounds, both proxies at once, all but the last, smallest
+  change in): 0.259 against 0.288 ms per Metadata round trip, 0.246 against 0.286 per
+  produce; in the report's own rows 0.228 and 0.236 ms (ratio to 3ff5d17 0.54 and 0.55,
+  0.62 in the run before) and 0.230 in the floor table (0.282 before). What is left
+  above 0.17 ms is spread over the same kind of glue (the lane's dispatch and checks,
+  the Metadata handler's cache key and backend view check, about a sixth of the
+  profile): halving it takes a relay core that is not interpreted, one function a
+  request.
 - **TLS.** trio's `SSLStream.receive_some` returns one TLS record (16 KiB at most) a
   call, each call a trip through the scheduler: client-TLS produce ran at 0.22 of
   haproxy's throughput and 10.9x its CPU per GB (strace: about 24 `epoll_wait` per 64 KiB
