@@ -61,7 +61,7 @@ from kproxy.policies.rewrite import (
     rewrite_response_frame,
     rewrite_tags_in_place,
 )
-from kproxy.policies.rewrite_cache import CachedRewrite, RewriteKey
+from kproxy.policies.rewrite_cache import CachedRewrite, rewrite_key
 
 log = logging.getLogger("kproxy.handlers")
 API_VERSIONS_MAX = DECODED[api_keys.API_VERSIONS].versions.hi
@@ -203,7 +203,7 @@ class MetadataResponse:
         cache = shared.rewrites
         key = None
         if not inject and len(body) <= cache.max_entry_bytes:
-            key = RewriteKey(bytes(body[4:]), upstream_version, api_version, shared.port_map)
+            key = rewrite_key(body[4:], upstream_version, api_version, shared.port_map)
             if (hit := cache.get(key)) is not None:
                 return hit
         resp = decode_response(body, api_keys.METADATA, upstream_version, METADATA_OPAQUE)

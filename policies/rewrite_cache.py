@@ -25,7 +25,8 @@ from kproxy.policies.rewrite import Seen
 DEFAULT_MAX_ENTRIES = 64
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, counted against max_bytes
-_StoredKey = tuple[bytes, int, int, Hashable]
+# A digest of the backend's bytes, the versions read and written, the port map.
+RewriteKey = tuple[bytes, int, int, Hashable]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +35,13 @@ class CachedRewrite:
     seen: Seen  # what the backend's response said (never mutated once cached)
 
 
-@dataclass(frozen=True, slots=True)
-class RewriteKey:
-    upstream: bytes  # the backend's response body after its correlation id
-    read_version: int
-    written_version: int
-    context: Hashable  # whatever else the rewrite depends on (the port map)
+def rewrite_key(upstream: bytes | memoryview, read_version: int, written_version: int,
+                context: Hashable) -> RewriteKey:
+    """The key of the rewrite of ``upstream`` (the backend's response body after its
+    correlation id) read at one version, written at another, in a ``context`` (the port
+    map): a plain tuple, made for every Metadata answer, so one call."""
+    return (hashlib.blake2b(upstream, digest_size=32).digest(), read_version,
+            written_version, context)
 
 
 class RewriteCache:
@@ -47,7 +49,9 @@ class RewriteCache:
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[_StoredKey, CachedRewrite] = OrderedDict()
+        # Larger responses are rewritten each time rather than crowd out the rest.
+        self.max_entry_bytes = max_bytes // 4
+        self._entries: OrderedDict[RewriteKey, CachedRewrite] = OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
@@ -60,35 +64,23 @@ class RewriteCache:
         return self._bytes
 
     def get(self, key: RewriteKey) -> CachedRewrite | None:
-        stored = _stored(key)
-        found = self._entries.get(stored)
+        found = self._entries.get(key)
         if found is None:
             self.misses += 1
             return None
-        self._entries.move_to_end(stored)
+        self._entries.move_to_end(key)
         self.hits += 1
         return found
 
-    @property
-    def max_entry_bytes(self) -> int:
-        """Larger responses are rewritten each time rather than crowd out the rest."""
-        return self.max_bytes // 4
-
     def put(self, key: RewriteKey, value: CachedRewrite) -> None:
         size = _size(value)
-        stored = _stored(key)
-        if size > self.max_entry_bytes or stored in self._entries:
+        if size > self.max_entry_bytes or key in self._entries:
             return
-        self._entries[stored] = value
+        self._entries[key] = value
         self._bytes += size
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
             self._bytes -= _size(old)
-
-
-def _stored(key: RewriteKey) -> _StoredKey:
-    digest = hashlib.blake2b(key.upstream, digest_size=32).digest()
-    return digest, key.read_version, key.written_version, key.context
 
 
 def _size(value: CachedRewrite) -> int:

@@ -9,13 +9,14 @@ from kproxy.policies.rewrite_cache import (
     CachedRewrite,
     RewriteCache,
     RewriteKey,
+    rewrite_key,
 )
 
 PM = PortMap("proxy.local", 9192, 9192, 1, 3)
 
 
 def key(upstream: bytes, pm: PortMap = PM, read: int = 12, written: int = 13) -> RewriteKey:
-    return RewriteKey(upstream, read, written, pm)
+    return rewrite_key(upstream, read, written, pm)
 
 
 def value(tail: bytes) -> CachedRewrite:
