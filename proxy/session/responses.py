@@ -30,12 +30,13 @@ def respond_now(session: Session, slot: Slot, wire: Frame | memoryview,
     conn = session.conn
     services = session.services
     later: Handled | None = None
-    if not conn.wants_response(slot.api_key, slot.api_version):
+    handled = conn.response_if_wanted(slot.api_key, slot.api_version, slot.upstream_version,
+                                      body)
+    if handled is None:
         # Relayed as received, the usual case.
         conn.observe(slot.api_key, slot.api_version, body)
         slot.wire = wire
-    else:  # a handler reads it whole
-        handled = conn.response(slot.api_key, slot.api_version, slot.upstream_version, body)
+    else:  # a handler read it whole
         if ((handled.seen is not None or handled.rebootstrap is not Action.NONE)
                 and services.backend.observe_now(handled, conn)):
             later = handled

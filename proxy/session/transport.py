@@ -249,6 +249,8 @@ class SocketTransport(Transport):
                 return parts
             except OSError as exc:
                 raise _gone(exc) from exc
+            if len(parts) == 1 and sent == len(parts[0]):
+                return []  # the usual small write: one buffer, taken whole
             parts = _consume(parts, sent)
             if parts and sent < sum(map(len, batch)):
                 return parts  # a short write: the send buffer is full, a retry would fail
@@ -316,6 +318,10 @@ def coalesce(parts: Sequence[Frame | Buffer]) -> list[Buffer]:
     Frames that follow each other in the buffer they were received in become one
     slice of it; small pieces are joined into one write; large ones go as they are.
     """
+    if len(parts) == 1:  # one answer, the usual case
+        part = parts[0]
+        return [memoryview(part.buf)[part.start:part.end] if isinstance(part, Frame)
+                else part]
     slices: list[Buffer] = []
     run: tuple[Frame, Frame] | None = None  # first and last frame of a contiguous run
     for part in parts:
