@@ -188,6 +188,13 @@ def uvarint_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     return -1, end + 1
 
 
+def _count_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """``uvarint_at`` for an array's count, which nearly always fits in one byte."""
+    if pos < end and buf[pos] < 0x80:
+        return buf[pos], pos + 1
+    return uvarint_at(buf, pos, end)
+
+
 def _tags_end(buf: bytes | memoryview, pos: int, end: int) -> int:
     """Past a tagged section; ``end + 1`` when it does not fit."""
     if pos < end and buf[pos] == 0:  # no tags: nearly every section
@@ -204,7 +211,7 @@ def _tags_end(buf: bytes | memoryview, pos: int, end: int) -> int:
 
 def _sized_end(buf: bytes | memoryview, pos: int, end: int) -> int:
     """Past a compact (nullable) string; ``end + 1`` when it does not fit."""
-    size, pos = uvarint_at(buf, pos, end)
+    size, pos = _count_at(buf, pos, end)
     return end + 1 if size < 0 else pos + max(size - 1, 0)
 
 
@@ -215,19 +222,19 @@ def produce_tags_at(frame: bytes | memoryview, version: int) -> int | None:
         return None
     end = len(frame)
     pos = _tags_end(frame, 4, end)  # correlation id, then the header's tags
-    topics, pos = uvarint_at(frame, pos, end)
+    topics, pos = _count_at(frame, pos, end)
     topics -= 1
     if topics < 0 or topics > end - pos:
         return None  # a null or oversized array: the general walk says why
     for _ in range(topics):
         pos = pos + 16 if version >= 13 else _sized_end(frame, pos, end)  # id or name
-        partitions, pos = uvarint_at(frame, pos, end)
+        partitions, pos = _count_at(frame, pos, end)
         partitions -= 1
         if partitions < 0 or partitions > end - pos:
             return None
         for _ in range(partitions):
             pos += _PARTITION_FIXED
-            errors, pos = uvarint_at(frame, pos, end)
+            errors, pos = _count_at(frame, pos, end)
             errors -= 1
             if errors < -1 or errors > end - pos:
                 return None

@@ -22,6 +22,7 @@ from kproxy.codecs.messages import (
 from kproxy.codecs.partial.fetch_walk import FetchWalk, knows
 from kproxy.codecs.peek import RequestPeek, peek_response_error
 from kproxy.codecs.registry import DECODED
+from kproxy.codecs.skipping import produce_names_no_broker
 from kproxy.policies.api_versions import bridge_metadata_version, cap_api_versions
 from kproxy.policies.connection import (
     Answer,
@@ -231,6 +232,8 @@ class AddressResponse:
 
     def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
+        if self.api_key == api_keys.PRODUCE and produce_names_no_broker(body, api_version):
+            return Handled()  # the usual Produce answer: no NodeEndpoints, told by a walk
         result = rewrite_response_frame(self.api_key, api_version, body,
                                         conn.shared.port_map)
         return address_handled(conn, result)
