@@ -331,15 +331,25 @@ Profiled on this machine with py-spy and perf during each workload.
   for a side that must wait; `test_express_turns` still sees strict alternation when
   both are busy), no idle-deadline heap push per relayed request (the entry is put back
   when it comes due), the lane counters as plain numbers, one unpack for a response's
-  correlation id and a Produce request's acks: 170 calls through 84 functions. Paired
-  with the tree before (6 rounds, both proxies at once, all but the last, smallest
-  change in): 0.259 against 0.288 ms per Metadata round trip, 0.246 against 0.286 per
-  produce; in the report's own rows 0.228 and 0.236 ms (ratio to 3ff5d17 0.54 and 0.55,
-  0.62 in the run before) and 0.230 in the floor table (0.282 before). What is left
-  above 0.17 ms is spread over the same kind of glue (the lane's dispatch and checks,
-  the Metadata handler's cache key and backend view check, about a sixth of the
-  profile): halving it takes a relay core that is not interpreted, one function a
-  request.
+  correlation id and a Produce request's acks: 170 calls through 84 functions. Then in
+  4e55ba0, e17c6a9 and 2a31a55: the rewrite cache's key made in one call (no frozen
+  dataclass, no copy of the backend's bytes), one call for whether a handler wants a
+  response and what it makes of it, a write of one buffer without the general walk, and
+  a Produce answer that names no broker told before the general rewrite: a Metadata
+  round trip now runs 154 calls through 82 functions, a single-message produce 142
+  through 65. Paired with the tree before each step (6 rounds, both proxies at once):
+  0.259 against 0.288 ms per Metadata round trip and 0.246 against 0.286 per produce for
+  the first three, 0.206 against 0.224 and 0.193 against 0.212 for the next two; the
+  last alone, in a noisier hour, 0.154 against 0.166 per produce (5 rounds). The
+  machine's speed moves every absolute figure: haproxy's own CPU per Metadata round trip
+  read 0.052 ms in the full run at 8da0eb7 and 0.036 in the floor run at 2a31a55 an hour
+  later. So the 0.17 ms target is read with the ratios beside it: 0.46 and 0.49 of
+  3ff5d17's CPU in the same rounds (0.62 and 0.62 in the full run before these changes,
+  0.51 and 0.48 in the one at 8da0eb7), and 4.26x haproxy's in the floor table (4.53x
+  before, 4.12x at 8da0eb7). What is left is spread over the same kind of glue (the
+  lane's dispatch and checks, the Metadata handler's backend view check, the in-order
+  slot, the metrics); halving it again takes a relay core that is not interpreted, one
+  function a request.
 - **TLS.** trio's `SSLStream.receive_some` returns one TLS record (16 KiB at most) a
   call, each call a trip through the scheduler: client-TLS produce ran at 0.22 of
   haproxy's throughput and 10.9x its CPU per GB (strace: about 24 `epoll_wait` per 64 KiB
