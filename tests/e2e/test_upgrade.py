@@ -117,8 +117,12 @@ def produce(bootstrap: str, topic: str, traffic: Traffic) -> None:
 def consume(bootstrap: str, topic: str, traffic: Traffic, done: threading.Event) -> None:
     from confluent_kafka import Consumer
 
+    # The client's default session timeout (45 s), as users run it. A short one (6 s,
+    # with the default 3 s heartbeat) let the broker evict the member when heartbeats
+    # failed across replacements two seconds apart; the member then rejoined as a new one
+    # and re-read what it had not committed yet, which Kafka allows after a rebalance.
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
-                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                         "auto.offset.reset": "earliest",
                          "enable.auto.commit": True, "auto.commit.interval.ms": 500})
     try:
         consumer.subscribe([topic])
