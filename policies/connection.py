@@ -295,9 +295,8 @@ class ConnectionState:
     def response(self, api_key: int, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
         """A whole response to a request of ``api_key``/``api_version`` (``wants_response``)."""
-        handler = self._responses.get(api_key)
-        wanted = handler is not None and handler.wants(api_version)
-        return self._handled(handler if wanted else None, api_version, upstream_version, body)
+        handled = self.response_if_wanted(api_key, api_version, upstream_version, body)
+        return Handled() if handled is None else handled
 
     def response_if_wanted(self, api_key: int, api_version: int, upstream_version: int,
                            body: memoryview) -> Handled | None:
@@ -306,16 +305,11 @@ class ConnectionState:
         asks them."""
         handler = self._responses.get(api_key)
         if handler is not None and handler.wants(api_version):
-            return self._handled(handler, api_version, upstream_version, body)
-        if self.follow_ups and self._followed(api_key):
-            return self._handled(None, api_version, upstream_version, body)
-        return None
-
-    def _handled(self, handler: ResponseHandler | None, api_version: int,
-                 upstream_version: int, body: memoryview) -> Handled:
-        """What ``handler`` (if any) and a follow-up waiting on it make of a response."""
-        handled = (Handled() if handler is None
-                   else handler.response(self, api_version, upstream_version, body))
+            handled = handler.response(self, api_version, upstream_version, body)
+        elif self.follow_ups and self._followed(api_key):
+            handled = Handled()
+        else:
+            return None
         if self.follow_ups:
             follow = self.follow_ups.pop(int.from_bytes(body[:4], "big", signed=True), None)
             if follow is not None:
