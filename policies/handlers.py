@@ -233,7 +233,9 @@ class AddressResponse:
     def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
         if self.api_key == api_keys.PRODUCE and produce_names_no_broker(body, api_version):
-            return Handled()  # the usual Produce answer: no NodeEndpoints, told by a walk
+            # The usual Produce answer (no NodeEndpoints), told by a cheap walk before
+            # the general rewrite and its result objects.
+            return Handled()
         result = rewrite_response_frame(self.api_key, api_version, body,
                                         conn.shared.port_map)
         return address_handled(conn, result)

@@ -29,7 +29,6 @@ from kproxy.codecs.partial.tail import encode_tail, read_tail
 from kproxy.codecs.primitives import Reader
 from kproxy.codecs.registry import DECODED
 from kproxy.codecs.schemas import metadata
-from kproxy.codecs.skipping import produce_names_no_broker
 from kproxy.policies.addressing import BrokerAddress, PortMap
 
 COORDINATOR_NOT_AVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -154,8 +153,6 @@ def _rewrite_node_endpoints(api_key: int, api_version: int, frame: bytes | memor
     as the last regular field: either way everything before them is kept as bytes
     and only they (and what follows them) are re-encoded.
     """
-    if api_key == api_keys.PRODUCE and produce_names_no_broker(frame, api_version):
-        return Rewritten(None, Seen())  # the usual Produce answer, told by a cheap walk
     spec = DECODED[api_key].response
     r = Reader(frame)
     read_response_header(r, api_key, api_version)
