@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import ssl
 
+import pytest
 import trio
 import trio.testing
 
@@ -42,6 +45,28 @@ async def test_transport_for_picks_the_socket_path_for_plain_tcp() -> None:
     finally:
         await a.aclose()
         await b.aclose()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="no TCP_NOTSENT_LOWAT")
+async def test_relayed_sockets_queue_unsent_bytes_as_any_socket_does() -> None:
+    """trio caps what waits unsent in the kernel at 16 KiB; a relay lifts the cap (0:
+    the system's default), plain or under TLS, so a large frame spliced to a broker
+    that reads as it can does not wait for room every few dozen KiB."""
+    a, b = await _socket_pair()
+    c, d = await _socket_pair()
+
+    def lowat(stream: trio.SocketStream) -> int:
+        return int(stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT))
+
+    try:
+        assert lowat(a) == lowat(c) == 16 * 1024  # trio's own setting, before
+        transport_for(a)
+        transport_for(trio.SSLStream(c, ssl.create_default_context(), server_hostname="x"))
+        assert lowat(a) == lowat(c) == 0
+        assert lowat(b) == 16 * 1024  # a stream the proxy does not relay keeps trio's
+    finally:
+        for s in (a, b, c, d):
+            await s.aclose()
 
 
 async def test_a_send_larger_than_the_socket_buffers_completes_intact() -> None:
