@@ -140,11 +140,19 @@ class Turns(trio.abc.Instrument):
     def trio_gives(self) -> None:
         self._give("trio", "lane")
 
+    # Called on every pass of trio's loop: the usual case inline, without ``_give`` and
+    # ``_take``'s calls (a bulk transfer's passes pay them, not only the lane's requests).
+
     def before_io_wait(self, timeout: float) -> None:
-        self._give("trio", "lane")
+        self._turn.release()
+        if self._asks["lane"]:
+            with self._cond:
+                self._next = "lane"
+                self._cond.notify()
 
     def after_io_wait(self, timeout: float) -> None:
-        self._take("trio", "lane")
+        if self._asks["lane"] or not self._turn.acquire(blocking=False):
+            self._take("trio", "lane")
 
     # The lane's side: ``with turns:`` around a batch.
 
