@@ -112,7 +112,7 @@ def routes(proxy: Proxy) -> dict[str, Handler]:
         memory = _memory[proxy] = _Memory()
         proxy.events.on_connection_closed.append(memory.metadata.connection_closed)
         if proxy.telemetry is not None:
-            proxy.telemetry.push_listeners.append(memory.pushes)
+            proxy.telemetry.push_notes.append(memory.pushes)  # plain Python: lane-safe
 
     cache: list[tuple[float, dict[str, Any]]] = []
 

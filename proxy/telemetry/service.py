@@ -34,12 +34,13 @@ from prometheus_client import Counter
 from kproxy.archive import ArchiveWriter
 from kproxy.codecs import api_keys, compression
 from kproxy.codecs.errors import CodecError
-from kproxy.codecs.messages import decode_request, decode_request_body, encode_response_parts
+from kproxy.codecs.messages import decode_request, encode_response_parts
 from kproxy.codecs.otlp import model as otlp
 from kproxy.codecs.otlp.decode import MetricsDecoder
 from kproxy.codecs.otlp.shape import RecentShapes, Shape
 from kproxy.codecs.otlp.small import SMALL_BYTES, decode_small
 from kproxy.codecs.peek import RequestPeek
+from kproxy.codecs.push_request import decode_push
 from kproxy.config.settings import TelemetryConfig
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies import telemetry as policy
@@ -55,6 +56,9 @@ _COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
 _CORRELATION_ID = struct.Struct(">i")
 DECODE_CONCURRENCY = 1  # pushes decompressed and decoded at once, proxy-wide
 DECODE_SHARE = 0.25  # of the time (one core), for all telemetry decoding together
+
+
+PushListener = Callable[[ConnectionState, policy.ClientInstance, bytes], None]
 
 
 def _now_ms() -> int:
@@ -111,11 +115,14 @@ class TelemetryService:
         self._answered: dict[tuple[int, int], tuple[Counter, Counter | None]] = {}
         self._answers: dict[tuple[int, int], bytes] = {}
         self.shapes = RecentShapes()
-        # Called with every accepted push (connection, instance, decompressed OTLP bytes):
-        # the OTLP exporter, the status page. They only take note and never wait; they
-        # run in trio's thread (``in_trio``).
-        self.push_listeners: list[Callable[[ConnectionState, policy.ClientInstance, bytes],
-                                           None]] = []
+        # Called with every accepted push (connection, instance, decompressed OTLP bytes);
+        # they only take note and never wait. ``push_listeners`` run in trio's thread
+        # (``in_trio``: the OTLP exporter, which wakes its task); ``push_notes`` run where
+        # the push is answered, the express lane's thread included, and must not call
+        # trio (the status page's push times): a push answered in the lane then wakes
+        # no trio pass, which the produce requests behind it would wait for.
+        self.push_listeners: list[PushListener] = []
+        self.push_notes: list[PushListener] = []
 
     def reconfigure(self, cfg: TelemetryConfig) -> None:
         self.cfg = cfg
@@ -159,7 +166,7 @@ class TelemetryService:
     def handle_push(self, session: ConnectionState, peek: RequestPeek,
                     frame: memoryview) -> bytes | Awaitable[bytes]:
         """The answer at once when a check fails; else an awaitable that decodes first."""
-        body = decode_request_body(frame, peek.api_key, peek.api_version, peek.body_offset)
+        body = decode_push(frame, peek.api_version, peek.body_offset)
         started = self.state.begin_push(
             body["client_instance_id"], body["subscription_id"], body["terminating"],
             body["compression_type"], body["metrics"], self.attributes(session),
@@ -269,6 +276,8 @@ class TelemetryService:
             # Turned into JSON on the archive's thread, not here.
             self.archive.telemetry_payload(result.raw, _resource_attributes(inst.attrs,
                                                                             self.hostname))
+        for note in self.push_notes:
+            note(session, inst, result.raw)
         for listener in self.push_listeners:
             self.in_trio(listener, session, inst, result.raw)
         return True

@@ -11,6 +11,7 @@ away reach a session the lane holds as they reach an idle parked one.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -266,6 +267,8 @@ async def test_telemetry_is_answered_in_the_lane_in_order(
     assert proxy.telemetry is not None
     heard: list[float] = []  # trio's clock, as each listener call saw it
     proxy.telemetry.push_listeners.append(lambda *_: heard.append(trio.current_time()))
+    noted: list[str] = []  # the thread each note ran in: where the push was answered
+    proxy.telemetry.push_notes.append(lambda *_: noted.append(threading.current_thread().name))
     client = await connected(proxy)
     await parked(proxy)
     (session,) = proxy.sessions
@@ -283,6 +286,7 @@ async def test_telemetry_is_answered_in_the_lane_in_order(
     assert decode_response(frames[1], api_keys.PUSH_TELEMETRY, 0).body["error_code"] == 0
     assert lane_requests(proxy) - before == 4 and handbacks(proxy) == handed
     assert session.parked and session_tasks() == 0
+    assert noted == ["kproxy-express-lane"]  # noted as answered, with no trio pass
     with trio.fail_after(10):
         while not heard:  # called soon after, in trio
             await trio.sleep(0.01)
