@@ -238,6 +238,19 @@ Profiled on this machine with py-spy and perf during each workload.
   (median 0.78; rounds 0.74-1.21). On two cores every CPU-second the
   proxy takes comes out of the client's and the broker's, so any extra hop costs some
   throughput; the run-to-run spread of the broker itself is large (see the JSON).
+- **Bulk produce and the kernel's queue (7d5f469).** trio sets `TCP_NOTSENT_LOWAT` to
+  16 KiB on its socket streams: a send stops taking bytes once 16 KiB wait unsent. On
+  the broker's socket that made a spliced 1 MB batch hit `EAGAIN` four to five times
+  (counted per frame in a scratch build; the queue then held 0.1-1 MB, far below the 4
+  MiB send buffer, and the wait for room came back with nothing changed but the
+  unsent bytes), each a wait and a pass of trio's loop: most of bulk produce's Python.
+  A standalone loopback check (splice from a pipe to a socket whose reader reads 128
+  KiB at a time) counts 8.9 `EAGAIN` per MB with the cap and 0.6 without. kproxy now
+  sets the option back to the system's default on both of a session's sockets
+  (`transport.kernel_buffers_as_usual`). Paired with aa938e4 (8 rounds of 200,000 1 KB
+  messages, one worker each): 0.64 of the CPU per GB (rounds 0.55-0.84), and beside
+  haproxy in one scratch run 1.07-1.20x its CPU per GB (it was 1.75x in the same
+  scratch setup before). Large responses to consumers are written the same way.
 - **Consume.** A Fetch v16+ response may end with NodeEndpoints (KIP-951), which must be
   rewritten, and a rewrite changed the size prefix at the start of the frame, so kproxy
   received each such response whole before sending it on: about twice the CPU per GB
@@ -301,8 +314,15 @@ Profiled on this machine with py-spy and perf during each workload.
   with pushes every 100 ms went from +1.79 ms (full run at e940158) to +0.81 ms in
   the run above, and a paired check of the two trees (7 rounds, pushes every 100 ms)
   read +0.69 against +0.49 ms; with pushes at the 60 s default it is +0.34 ms. The
-  rest is the proxy's CPU on two shared cores, as above, and the client's own
-  telemetry work at 100 ms.
+  rest is the proxy's CPU on two shared cores, as above. Not the client's own
+  telemetry work: with a scratch handler that answers each push without decoding it,
+  the p99 added over haproxy at 100 ms pushes read +0.14 ms, as at the 60 s default
+  (+0.13), against +0.35 with the real handler (6 rounds of 5 s, one worker). A push
+  is answered in its connection's turn, so its cost delays the requests behind it:
+  about 280 us in the lane for a librdkafka push. Since ca26511 the usual push body is
+  read in one unpack (`codecs/push_request.py`) and the status page's note of it runs
+  in the lane instead of waking trio: about 160 us, and +0.20 to +0.23 ms added over
+  haproxy in two scratch runs.
 - **Tried for issue 30 and left out** (each measured side by side, one worker each):
   the express lane splicing large requests itself, so that a producer's batches never
   wait through trio, took 1.09x the CPU per GB of trio's splice path (5 paired rounds of
