@@ -321,7 +321,7 @@ def kernel_buffers_as_usual(stream: trio.SocketStream) -> None:
     kernel, for protocols that pick what to send next at the last moment). A relay
     has nothing to pick: with it, a send stops taking bytes once 16 KiB wait unsent,
     so a 1 MB produce batch spliced to a broker that reads as it can waited for room
-    about nine times (a pass of trio's loop each), against less than once without.
+    five to nine times (a pass of trio's loop each), against less than once without.
     0 restores the system's default (``net.ipv4.tcp_notsent_lowat``, unlimited unless
     set). What the kernel queues is bounded by the socket's send buffer, as for
     haproxy; the proxy's own memory budget is unchanged."""
