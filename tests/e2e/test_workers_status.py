@@ -132,6 +132,14 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
             group = next(g for g in snap["clients"]["groups"]
                          if g["software_name"] == "confluent-kafka-python")
             assert set(group["client_ids"]) >= held[0] | held[1]
+
+            def pushes_noted() -> bool:  # by each worker, where it answered the push
+                return all(any(g["last_push"] is not None for g in s["clients"]["groups"])
+                           for s in (status(port) for port in ports))
+
+            wait_for(pushes_noted, 30, "a worker noted no telemetry push of its clients")
+            assert any(g["last_push"] is not None
+                       for g in status(kp.http_port)["clients"]["groups"])
             assert snap["backend"]["brokers"][0]["node_id"] == 111
             assert [(r["pid"], r["restarts"]) for r in snap["workers"]] == [
                 (r["pid"], 0) for r in rows]
