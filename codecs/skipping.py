@@ -189,7 +189,8 @@ def uvarint_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
 
 
 def _count_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
-    """``uvarint_at`` for an array's count, which nearly always fits in one byte."""
+    """``uvarint_at`` for an array's count or a compact string's length, which nearly
+    always fit in one byte."""
     if pos < end and buf[pos] < 0x80:
         return buf[pos], pos + 1
     return uvarint_at(buf, pos, end)
