@@ -13,6 +13,7 @@ librdkafka 2.0.2 (Debian 12's kcat) fails to read such a response.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +39,54 @@ NAMELESS: dict[int, Versions] = {
 # APIs kept from clients altogether. ShareFetch and ShareAcknowledge were, until their
 # NodeEndpoints were rewritten; they are now capped like every decoded API.
 HIDDEN_APIS: frozenset[int] = frozenset()
+
+
+# Distinct ApiVersions answers remembered: one per backend software and version asked,
+# so a few; more only while brokers of several versions (a rolling upgrade) answer.
+MAX_ANSWERS = 16
+# A backend answer longer than this is rewritten every time (a real one is under 1 KB).
+MAX_ANSWER_BYTES = 8192
+
+
+class ApiVersionsAnswers:
+    """Rewritten ApiVersions answers, by the backend's bytes they were made from.
+
+    Every new connection asks ApiVersions first, and a backend answers the same bytes
+    every time, the correlation id aside: decoding, capping and encoding that answer
+    was an eighth of the proxy's CPU for a connection that asks it and closes (1.00
+    against 0.87 ms).
+    An entry holds the rewritten body after the correlation id and the backend's own
+    Metadata maximum; entries made under other caps or served APIs (a reload) are
+    dropped, least recently used out first beyond ``MAX_ANSWERS``.
+    """
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[int, bytes], tuple[bytes, int | None]] = OrderedDict()
+        self._made_under: tuple[object, object] | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, api_version: int, upstream: bytes, caps: object, served: object
+            ) -> tuple[bytes, int | None] | None:
+        """(rewritten body after the correlation id, backend Metadata max), or None."""
+        made_under = self._made_under
+        if made_under is None or made_under[0] is not caps or made_under[1] is not served:
+            self._entries.clear()
+            self._made_under = (caps, served)
+            return None
+        found = self._entries.get((api_version, upstream))
+        if found is not None:
+            self._entries.move_to_end((api_version, upstream))
+        return found
+
+    def put(self, api_version: int, upstream: bytes, tail: bytes,
+            backend_max: int | None) -> None:
+        if len(upstream) > MAX_ANSWER_BYTES:
+            return
+        self._entries[api_version, upstream] = (tail, backend_max)
+        while len(self._entries) > MAX_ANSWERS:
+            self._entries.popitem(last=False)
 
 
 def default_caps() -> dict[int, int]:

@@ -160,19 +160,27 @@ class ApiVersionsResponse:
 
     def response(self, conn: ConnectionState, api_version: int, upstream_version: int,
                  body: memoryview) -> Handled:
-        try:
-            resp = decode_response(body, api_keys.API_VERSIONS, api_version)
-        except CodecError:
-            # A broker that does not know the requested version answers at v0 with an
-            # error; relay that unchanged so the client retries lower.
-            if decode_response(body, api_keys.API_VERSIONS, 0).body["error_code"] != 0:
-                return Handled()
-            raise
-        backend_max = bridge_metadata_version(resp.body)
+        shared = conn.shared
+        upstream = bytes(body[4:])
+        answers = shared.api_versions_answers
+        known = answers.get(api_version, upstream, shared.api_caps, shared.served_apis)
+        if known is None:
+            try:
+                resp = decode_response(body, api_keys.API_VERSIONS, api_version)
+            except CodecError:
+                # A broker that does not know the requested version answers at v0 with
+                # an error; relay that unchanged so the client retries lower.
+                if decode_response(body, api_keys.API_VERSIONS, 0).body["error_code"] != 0:
+                    return Handled()
+                raise
+            backend_max = bridge_metadata_version(resp.body)
+            cap_api_versions(resp.body, shared.api_caps, add=shared.served_apis)
+            known = encode_response(resp)[4:], backend_max
+            answers.put(api_version, upstream, *known)
+        tail, backend_max = known
         if backend_max is not None:
-            conn.backend_metadata_max = conn.shared.backend_metadata_max = backend_max
-        cap_api_versions(resp.body, conn.shared.api_caps, add=conn.shared.served_apis)
-        return Handled(encode_response(resp))
+            conn.backend_metadata_max = shared.backend_metadata_max = backend_max
+        return Handled(bytes(body[:4]) + tail)
 
 
 class MetadataResponse:

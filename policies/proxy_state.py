@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kproxy.policies.addressing import PortMap
-from kproxy.policies.api_versions import default_caps
+from kproxy.policies.api_versions import ApiVersionsAnswers, default_caps
 from kproxy.policies.rewrite import Seen
 from kproxy.policies.rewrite_cache import RewriteCache
 from kproxy.policies.topology import BackendView, Change
@@ -32,6 +32,7 @@ class ProxyState:
     api_caps: dict[int, int] = field(default_factory=default_caps)
     # APIs the proxy serves itself, advertised in ApiVersions: key -> (min, max).
     served_apis: dict[int, tuple[int, int]] = field(default_factory=dict)
+    api_versions_answers: ApiVersionsAnswers = field(default_factory=ApiVersionsAnswers)
     # The backend's own Metadata maximum, from the last ApiVersions response relayed.
     backend_metadata_max: int | None = None
     # SASL terminated here: (connection, API key) -> a Close for a request that may not
