@@ -18,6 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import admission_row
+import connection_cost_row
 import rebootstrap_row
 import relay_ab
 import relay_floor
@@ -118,6 +119,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += telemetry_ab.section(tel_ab, sections.get("telemetry"))
     lines += workers_row.section(sections.get("workers"))
     lines += admission_row.section(sections.get("admission"))
+    lines += connection_cost_row.section(sections.get("connections"))
     lines += relay_ab.section(sections.get("relay_ab"))
     lines += small_request_ab.section(sections.get("small"))
     lines += telemetry_p99_row.section(sections.get("telemetry_p99"))

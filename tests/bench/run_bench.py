@@ -28,6 +28,7 @@ from tests.support import stop_process as stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import admission_row  # noqa: E402
+import connection_cost_row  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
 import relay_floor  # noqa: E402
@@ -62,6 +63,7 @@ def main() -> int:
                         help="run only the /metrics scrape workload; its rows replace "
                         "those in --json and the report is rewritten from it")
     parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission",
+                                           "connections",
                                            "scrape-workers",
                                            "small", "floor", "tls", "telemetry-p99"],
                         help="run only this part and put its section into the existing report")
@@ -296,6 +298,7 @@ ROWS: dict[str, tuple[Any, str, float, float]] = {
     "floor": (relay_floor, "floor", 1.0, 5.0),
     "tls": (tls_row, "tls", 2000, 100_000),
     "admission": (admission_row, "admission", 20, 300),
+    "connections": (connection_cost_row, "connections", 20, 500),
     "scrape-workers": (scrape_workers_row, "scrape_workers", 5_000, 250_000),
 }
 

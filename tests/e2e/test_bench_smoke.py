@@ -30,7 +30,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "--workers 2", "## Rebootstrap", "## Ratios to compare across machines",
                     "## Targets", "## Scaling",
                     "## Relay against the last commit before the sans-IO core",
-                    "## Admission across workers",
+                    "## Admission across workers", "## What a new connection costs",
                     "## What the event loop costs a small request",
                     "## Telemetry pushes and the small-produce p99",
                     "## /metrics of a large fleet at 1 and 2 workers"):
