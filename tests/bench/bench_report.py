@@ -262,7 +262,25 @@ Profiled on this machine with py-spy and perf during each workload.
   Side by side with c3dc8cf (5 paired rounds, 400,000 messages of 1 KB consumed, one
   worker each): 0.58 of the CPU per GB consumed (0.78 against 1.32 CPU-seconds) and
   1.12x the throughput. A response no handler needs whole (Fetch below v16) is spliced
-  or passed through as its bytes arrive.
+  or passed through as its bytes arrive. What is left of the gap to haproxy (scratch,
+  958ad52, one worker each, 250,000 messages of 1 KB consumed per round): a round's
+  256 MB came in 47 Fetch responses of about 5.5 MB, which kproxy relayed with 570
+  splices and 252 epoll waits in all; perf over one round put kproxy's CPU at 108 ms
+  (70 in the kernel, 35 in Python) and haproxy's at 110 ms (101 in the kernel). The
+  throughput ratio read 0.977 (rounds 0.958-0.996) over 7 paired rounds and 0.984 to
+  1.018 in shorter runs; pipes of 256 KB instead of 1 MB (0.973) and pushes every 60 s
+  instead of every 100 ms (0.988 against 0.991) changed nothing. The relay of the
+  records costs no more than haproxy's; what differs is Python around them, each
+  round's new connections and their first requests among it (next item).
+- **A new connection** (section "What a new connection costs"). A client that
+  connects, asks ApiVersions and closes cost kproxy 1.00 ms of CPU at 958ad52 (haproxy
+  0.10). Two cuts since, each paired (7 rounds of 300 connections, one worker each):
+  a backend's repeated ApiVersions answer is rewritten once and remembered
+  (`api_versions.ApiVersionsAnswers`; 1.00 to 0.87 ms), and an upstream given as an IP
+  address is connected to directly instead of through trio's per-address race
+  (0.80 to 0.73 ms). perf over 2,000 such connections after both: two thirds of the
+  samples in the interpreter, spread over trio's task, cancel-scope and wait machinery
+  (five tasks and a park per connection) and the session's set-up and close.
 - **Small requests.** A relayed request costs the proxy two wake-ups (request in,
   response back) and four socket calls. Measured alone side by side with 8762e0a (7
   paired rounds at 1,000/s, quiet machine): 0.245 ms of CPU per single-message produce
@@ -324,7 +342,16 @@ Profiled on this machine with py-spy and perf during each workload.
   about 280 us in the lane for a librdkafka push. Since ca26511 the usual push body is
   read in one unpack (`codecs/push_request.py`) and the status page's note of it runs
   in the lane instead of waking trio: about 160 us, and +0.20 to +0.23 ms added over
-  haproxy in two scratch runs.
+  haproxy in two scratch runs. Warm, a librdkafka push (1,436 bytes of OTLP, zstd)
+  costs the handler 24 us (a loop of 3,000 in one process), so most of the 160 us in
+  place is the cost of running cold code once every 100 ms. What is left beside
+  haproxy at 1,000 single-message produces a second (perf, 5 s, pushes every 60 s):
+  0.132 ms of CPU per request against 0.059 (kernel 0.065 against 0.054, the
+  interpreter 0.061), eight system calls per request (two each of `epoll_wait`,
+  `read`, `writev` and `epoll_ctl`), and as many context switches as haproxy's (the
+  lane's thread: 9,999 voluntary and 5,186 involuntary in the 5 s; haproxy's: 9,999
+  and 4,545). The tail comes from those 60 us of Python per request on cores shared
+  with the client and the broker.
 - **Tried for issue 30 and left out** (each measured side by side, one worker each):
   the express lane splicing large requests itself, so that a producer's batches never
   wait through trio, took 1.09x the CPU per GB of trio's splice path (5 paired rounds of
