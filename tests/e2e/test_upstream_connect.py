@@ -1,8 +1,8 @@
 """Opening an upstream connection: an IP address directly, a name as trio resolves it.
 
-Real sockets on loopback. An address literal skips trio's per-address race; what the
-session gets must be the same stream either way, and a refused connection must name
-the broker and leave no socket behind.
+Real sockets on loopback (hence in tests/e2e). An address literal skips trio's
+per-address race; what the session gets must be the same stream either way, and a
+refused connection must name the broker and leave no socket behind.
 """
 
 from __future__ import annotations
