@@ -55,5 +55,14 @@ def spread(path: Path_, key: str, field_: str = "mb_s") -> str:
     return f"{min(vals):.0f}-{max(vals):.0f}" if vals else "-"
 
 
+def median_range(vals: list[float], digits: int = 2) -> str:
+    """"median (lowest-highest)"; "-" when no repetition gave a value (a smoke run's
+    CPU reads can all be zero: the kernel counts CPU in 10 ms ticks)."""
+    if not vals:
+        return "-"
+    return (f"{statistics.median(vals):.{digits}f} ({min(vals):.{digits}f}-"
+            f"{max(vals):.{digits}f})")
+
+
 def fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"

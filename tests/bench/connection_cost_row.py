@@ -21,6 +21,7 @@ from typing import Any
 
 from admission_row import one_connection, summary
 from bench_measure import Path_
+from bench_stats import median_range
 from tls_row import haproxy, kproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,9 +92,8 @@ def section(data: dict[str, Any] | None) -> list[str]:
         spent = f"{cpu[name]:.3f}" if name in cpu else "-"
         lines.append(f"| {name} | {t['median']:.3f} | {t['p90']:.3f} | {t['p99']:.3f} "
                      f"| {spent} |")
-    ratio = (f" kproxy's CPU per connection over haproxy's, per repetition: median "
-             f"**{statistics.median(ratios):.1f}x** ({min(ratios):.1f}-{max(ratios):.1f})."
-             if ratios else "")
+    ratio = (" kproxy's CPU per connection over haproxy's, per repetition: median "
+             f"(lowest-highest) **{median_range(ratios, 1)}**." if ratios else "")
     lines += ["", f"Each figure: {data['connections']} fresh connections one after another "
               f"per path, {data['reps']} repetition(s), every path in front of one broker "
               "and visited in a shuffled order; a connection sends ApiVersions v3 at once, "

@@ -21,7 +21,7 @@ from typing import Any
 
 from baseline_ab import side_by_side
 from bench_measure import Path_, create_topic, workload
-from bench_stats import fmt
+from bench_stats import fmt, median_range
 
 # The last commit before the sans-IO connection core (ca55cc3) that runs: its child
 # 31e8050 lost proxy/local_answers.py, which its server still imports. The telemetry
@@ -72,9 +72,9 @@ def section(data: dict[str, Any] | None) -> list[str]:
         r = ratios(data, key)
         cur = statistics.median(x[key] for x in data["current"])
         old = statistics.median(x[key] for x in data["base"])
-        inside = min(r) <= 1.0 <= max(r)
-        lines.append(f"| {name} | {fmt(cur, 2)} | {fmt(old, 2)} | {fmt(statistics.median(r), 2)}"
-                     f" ({fmt(min(r), 2)}-{fmt(max(r), 2)}) | {'yes' if inside else 'no'} |")
+        inside = "-" if not r else "yes" if min(r) <= 1.0 <= max(r) else "no"
+        lines.append(f"| {name} | {fmt(cur, 2)} | {fmt(old, 2)} | {median_range(r)} "
+                     f"| {inside} |")
     lines += ["", f"{len(data['current'])} round(s); each: produce {data.get('count', 0):,} "
               "1 KB messages, read them back, then Metadata at 1,000/s for "
               f"{data.get('meta_s', 3.0):g} s, through each proxy in a shuffled order. "

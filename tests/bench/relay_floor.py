@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_measure import Path_, start, workload
-from bench_stats import fmt
+from bench_stats import median_range
 from tls_row import haproxy, kproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,8 +111,7 @@ def section(data: dict[str, Any] | None) -> list[str]:
         if ref is not None and name != "haproxy":
             r = [a["cpu_ms"] / b["cpu_ms"] for a, b in zip(mine, ref, strict=False)
                  if b["cpu_ms"]]
-            if r:
-                ratio = f"{fmt(statistics.median(r), 2)} ({fmt(min(r), 2)}-{fmt(max(r), 2)})"
+            ratio = median_range(r)
         p99 = statistics.median(x["p99_ms"] for x in mine)
         lines.append(f"| {what} | {cpu[name]:.3f} | {ratio} | {p99:.2f} |")
     n = len(next(iter(rounds.values())))

@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from baseline_ab import side_by_side
 from bench_measure import Path_, create_topic, workload
-from bench_stats import fmt
+from bench_stats import median_range
 
 BASELINE = "3ff5d17"  # main before issue 30's second deliverable
 HEADING = "## A small request's cost"
@@ -84,8 +84,8 @@ def section(data: dict[str, Any] | None) -> list[str]:
         old = statistics.median(x[cpu_key] for x in data["base"])
         p_cur = statistics.median(x[p99_key] for x in data["current"])
         p_old = statistics.median(x[p99_key] for x in data["base"])
-        lines.append(f"| {name} | {cur:.3f} | {old:.3f} | {fmt(statistics.median(r), 2)} "
-                     f"({fmt(min(r), 2)}-{fmt(max(r), 2)}) | {p_cur:.2f} / {p_old:.2f} |")
+        lines.append(f"| {name} | {cur:.3f} | {old:.3f} | {median_range(r)} "
+                     f"| {p_cur:.2f} / {p_old:.2f} |")
     lines += ["", f"{len(data['current'])} paired round(s); each: single-message `acks=1` "
               f"produce, then Metadata v4 round trips, each at {RATE:,}/s for "
               f"{data['seconds']:g} s, through each proxy in a shuffled order; the proxy's "

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_measure import Path_, create_topic, start, workload
-from bench_stats import fmt
+from bench_stats import fmt, median_range
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -187,8 +187,7 @@ def section(data: dict[str, Any] | None) -> list[str]:
         cells = []
         for key in keys:
             r = [a[key] / b[key] for a, b in zip(k, h, strict=False) if b[key]]
-            cells.append(f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r
-                         else "-")
+            cells.append(median_range(r))
         lines.append(f"| {which} | " + " | ".join(cells) + " |")
     lines += ["", f"{data['reps']} repetition(s), the four paths in a shuffled order; each: "
               f"produce {data['count']:,} messages of 1 KB (`linger.ms=5`, `acks=1`), then "

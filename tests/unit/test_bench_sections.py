@@ -1,0 +1,56 @@
+"""The bench report's paired sections render when no repetition gave a ratio.
+
+A smoke run's workloads are tiny and the kernel counts CPU in 10 ms ticks, so a
+baseline's CPU can read zero in every round; the report must show "-" for that ratio,
+not fail (it once did, in `make test` on a busy machine).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+
+import connection_cost_row
+import relay_ab
+import small_request_ab
+from bench_stats import median_range
+
+PROOF = {"baseline_commit": "d1cc828" + "0" * 33, "current_commit": "abc1234",
+         "current_import": "here", "base_import": "there"}
+
+
+def test_median_range() -> None:
+    assert median_range([]) == "-"
+    assert median_range([1.0, 3.0, 2.0]) == "2.00 (1.00-3.00)"
+    assert median_range([0.5], 1) == "0.5 (0.5-0.5)"
+
+
+def test_relay_ab_with_a_baseline_cpu_of_zero() -> None:
+    one = {"produce_mb_s": 100.0, "cpu_s_per_gb": 0.5, "consume_mb_s": 90.0,
+           "metadata_p99_ms": 0.4}
+    lines = relay_ab.section({**PROOF, "current": [one], "base": [{**one, "cpu_s_per_gb": 0.0}]})
+    row = next(line for line in lines if line.startswith("| proxy CPU s per GB"))
+    assert row.endswith("| - | - |")
+    assert any(line.startswith("| produce 1 KB (MB/s) | 100.00 | 100.00 | 1.00 (1.00-1.00)")
+               for line in lines)
+
+
+def test_small_requests_with_a_baseline_cpu_of_zero() -> None:
+    one = {"produce_cpu_ms": 0.1, "produce_p99_ms": 0.5, "metadata_cpu_ms": 0.1,
+           "metadata_p99_ms": 0.4}
+    lines = small_request_ab.section({**PROOF, "seconds": 5.0, "current": [one],
+                                      "base": [{**one, "produce_cpu_ms": 0.0}]})
+    row = next(line for line in lines if line.startswith("| single-message produce"))
+    assert "| - |" in row
+
+
+def test_connection_cost_with_haproxy_cpu_of_zero() -> None:
+    ms = {"median": 0.5, "p90": 0.6, "p99": 0.7, "count": 20}
+    lines = connection_cost_row.section({
+        "reps": 1, "connections": 20,
+        "ms": {name: ms for name in connection_cost_row.PATHS},
+        "cpu_ms": {"kproxy": [0.5], "haproxy (tcp)": [0.0]}})
+    assert any(line.startswith("| kproxy | 0.500 |") for line in lines)
+    assert not any("per repetition: median" in line for line in lines)
