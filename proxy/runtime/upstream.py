@@ -59,11 +59,12 @@ async def _open_tcp(host: str, port: int) -> trio.SocketStream:
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     try:
         await sock.connect((host, port))
-    except BaseException as exc:
+    except OSError as exc:
         sock.close()
-        if isinstance(exc, OSError):
-            raise OSError(exc.errno, f"connecting to {host}:{port} failed: "
-                          f"{exc.strerror or exc}") from None
+        raise OSError(exc.errno, f"connecting to {host}:{port} failed: "
+                      f"{exc.strerror or exc}") from None
+    except BaseException:  # cancelled, or timed out by the caller's deadline
+        sock.close()
         raise
     return trio.SocketStream(sock)
 
