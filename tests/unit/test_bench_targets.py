@@ -12,7 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_measure import Path_
-from bench_targets import ratio_table, targets
+from bench_targets import NOT_JUDGED, ratio_table, targets
+from telemetry_p99_row import DEFAULT, FAST
 
 N1K = 250_000
 SMALL_MET = {"current": [{"produce_cpu_ms": 0.15, "metadata_cpu_ms": 0.16},
@@ -56,7 +57,7 @@ def test_every_target_met() -> None:
     assert verdicts(targets(run, [1000], N1K, BASELINE, SMALL_MET,
                             [{"longest_slice_cpu_ms": 0.6}, {"longest_slice_cpu_ms": 2.32}],
                             {"series": {"1": 250_000, "2": 250_000}, "ratios": [1.2, 1.5, 1.6]})
-                    ) == ["met"] * 13
+                    ) == ["met"] * 5 + [NOT_JUDGED] + ["met"] * 8
 
 
 def test_how_far_off_each_target_is() -> None:
@@ -65,7 +66,7 @@ def test_how_far_off_each_target_is() -> None:
         {"pushes_per_cpu_s": 6000.0}, {"pushes_per_cpu_s": 6300.0}]}, SMALL_OFF,
         [{"longest_slice_cpu_ms": 3.0}], {"series": {"1": 9, "2": 9}, "ratios": [1.7, 1.9]}
     )) == [
-        "**not met**: 0.15 short"] * 3 + ["**not met**: 0.30 ms over"] * 2 + [
+        "**not met**: 0.15 short"] * 3 + ["**not met**: 0.30 ms over"] * 2 + [NOT_JUDGED] + [
         "**not met**: 1.00 over"] * 2 + ["**not met**: 6.24 KB over", "**not met**: 0.50 short",
         "**not met**: 0.13 ms over", "**not met**: 0.23 ms over", "**not met**: 0.68 ms over",
         "**not met**: 0.30 over"]
@@ -81,7 +82,20 @@ def test_what_was_not_measured_has_no_verdict() -> None:
     without_haproxy = run[:2]
     found = verdicts(targets(without_haproxy, [1000], N1K, {"error": "shallow clone"}))
     # Memory is kproxy's own figure; small requests and scrapes were not measured.
-    assert found == ["-"] * 7 + ["met"] + ["-"] * 5
+    assert found == ["-"] * 5 + [NOT_JUDGED] + ["-"] * 2 + ["met"] + ["-"] * 5
+
+
+def test_what_fast_telemetry_pushes_add_is_shown_beside_the_p99_target() -> None:
+    """The latency paths run kproxy's default telemetry settings; the telemetry-p99
+    section's rounds (pushes every 100 ms against the default) give the row under them."""
+    rounds = [{"direct": {"p99_ms": 0.3}, FAST: {"p99_ms": 0.3 + fast},
+               DEFAULT: {"p99_ms": 0.3 + default}}
+              for fast, default in ((0.50, 0.10), (0.30, 0.20), (0.90, 0.10))]
+    lines = targets(paths([1.0], [0.0], 1.0, 1.0), [1000], N1K, BASELINE,
+                    telemetry_p99={"rounds": rounds})
+    row = next(ln for ln in lines if "by pushes every 100 ms" in ln)
+    assert row.split(" | ")[1] == "+0.40 (+0.10 to +0.80)"
+    assert row.endswith(f"| {NOT_JUDGED} |")
 
 
 def test_ratio_table_has_a_row_per_figure() -> None:
