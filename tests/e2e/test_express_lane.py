@@ -10,6 +10,7 @@ away reach a session the lane holds as they reach an idle parked one.
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -151,6 +152,54 @@ async def test_frames_the_lane_does_not_take_are_finished_by_the_sessions_tasks(
     for cid in range(10, 20):
         await metadata(client, cid)
     assert lane_requests(proxy) - before == 10
+    await client.aclose()
+    proxy.shutdown()
+
+
+def lot_masks(proxy: Proxy, fds: tuple[int, ...]) -> dict[int, int]:
+    """The event mask of each of ``fds`` in the parking lot's epoll, as the kernel holds
+    it (/proc/self/fdinfo of the epoll descriptor: one ``tfd:`` line per registration)."""
+    epoll = proxy.parking._epoll
+    assert epoll is not None
+    masks = {}
+    for line in Path(f"/proc/self/fdinfo/{epoll.fileno()}").read_text().splitlines():
+        if line.startswith("tfd:"):
+            fields = line.split()
+            fd, mask = int(fields[1]), int(fields[3], 16)
+            if fd in fds:
+                masks[fd] = mask
+    return masks
+
+
+async def test_the_lane_relays_without_re_arming_and_disarms_what_it_hands_back(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """While the lane holds a session its descriptors stay armed, level-triggered, so no
+    request costs a re-arm; when the lane hands the session to trio it disarms both,
+    or the level-triggered descriptors would keep reporting while trio runs it."""
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    (session,) = proxy.sessions
+    fds = session.parking_fds()
+    armed = lot_masks(proxy, fds)
+    assert len(armed) == 2 and all(
+        m & select.EPOLLIN and not m & select.EPOLLONESHOT for m in armed.values())
+    for cid in range(2, 12):
+        await metadata(client, cid)
+    assert lot_masks(proxy, fds) == armed and session.parked
+    handed = handbacks(proxy)
+    cut = encode_request(api_keys.METADATA, 12, 20, METADATA_V12)
+    await client.send(cut[:7])
+    with trio.fail_after(10):
+        while handbacks(proxy) == handed:
+            await trio.sleep(0.01)
+    assert not session.parked
+    assert all(not m & select.EPOLLIN for m in lot_masks(proxy, fds).values())
+    await client.send(cut[7:])
+    assert (await client.read_frame()) is not None
+    await parked(proxy)
+    assert lot_masks(proxy, fds) == armed
     await client.aclose()
     proxy.shutdown()
 

@@ -19,7 +19,9 @@ System calls are what a park and a wake-up cost most (on a virtual machine, more
 the Python around them), so there are few: a parked descriptor is registered one-shot
 and stays registered while its socket lives (re-armed at each park, the one that did
 not fire disarmed at the wake-up), and the timer is a task of its own, so that sweeps
-and deadlines never disturb the wait on the epoll.
+and deadlines never disturb the wait on the epoll. While the express lane runs, a
+parked descriptor is level-triggered instead (``_LANE_ARMED``), so the lane relays
+request after request without re-arming.
 
 Deadlines: parked sessions in a heap by their last activity (the idle timeout is the
 same for every connection and read from the configuration each time, so a reload
@@ -36,7 +38,7 @@ import itertools
 import logging
 import math
 import select
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import trio
@@ -61,6 +63,11 @@ SWEEP_S = 0.1
 
 _ARMED = select.EPOLLIN | select.EPOLLONESHOT
 _DISARMED = select.EPOLLONESHOT  # registered, reporting nothing (but errors, once)
+# While the express lane runs, a parked descriptor is level-triggered instead: the lane
+# relays from it request after request, and a one-shot registration would cost an
+# ``epoll_ctl`` to re-arm after each. The lane disarms a session's descriptors itself
+# when it hands the session back (rarely), so that they stop reporting before trio runs it.
+_LANE_ARMED = select.EPOLLIN
 
 
 class ParkingLot:
@@ -135,14 +142,11 @@ class ParkingLot:
             return  # a session that woke meanwhile
         assert self._epoll is not None and self._token is not None
         try:
-            relayed = session.lane_step(fd, now)
-            if relayed:
-                self._epoll.modify(fd, _ARMED)
+            if session.lane_step(fd, now):
+                return  # still armed; its idle deadline is checked when due
         except Exception:  # the session runs again, and its tasks report what is wrong
             log.exception("internal error relaying in the express lane")
-            relayed = False
-        if relayed:  # its idle deadline may have moved: its entry is checked when due
-            return
+        self._disarm(session.parking_fds())  # level-triggered: else they keep reporting
         session.handing_back = True
         self._token.run_sync_soon(self._hand_back, session, fd)
 
@@ -159,7 +163,7 @@ class ParkingLot:
             session.lane_after = trio.current_time() + BACKOFF_S
         session.lane_run = 0
         if session.parked and self._nursery is not None:
-            self.wake(session, fd)
+            self.wake(session, fd, disarmed=True)
 
     async def _run_timer(self) -> None:
         """Sweep the sessions noted idle; wake those whose idle deadline passed."""
@@ -224,13 +228,14 @@ class ParkingLot:
         epoll = self._epoll
         if epoll is None:
             return False
+        armed = _LANE_ARMED if self._lane is not None else _ARMED
         try:
             for fd in session.parking_fds():
                 self._by_fd[fd] = session
                 try:
-                    epoll.modify(fd, _ARMED)
+                    epoll.modify(fd, armed)
                 except FileNotFoundError:  # its first park (a closed socket's went with it)
-                    epoll.register(fd, _ARMED)
+                    epoll.register(fd, armed)
         except OSError:
             log.exception("could not park a session; closing it")
             self._forget(session)
@@ -242,22 +247,30 @@ class ParkingLot:
         self._sooner()
         return True
 
-    def wake(self, session: Session, readable: int = -1) -> None:
+    def wake(self, session: Session, readable: int = -1, disarmed: bool = False) -> None:
         """Start ``session``'s run again (it was parked): a socket is readable (the
         descriptor ``readable``, which its one-shot registration disarmed), its
-        deadline passed, or a control reached it."""
+        deadline passed, or a control reached it. ``disarmed``: the lane disarmed
+        both descriptors already."""
         assert self._epoll is not None and self._nursery is not None
-        for fd in self._forget(session):
-            if fd != readable:
-                try:
-                    self._epoll.modify(fd, _DISARMED)
-                except OSError:  # the session ends over it, or already has
-                    log.debug("could not disarm a woken session's descriptor")
+        held = self._forget(session)
+        if not disarmed:
+            # A level-triggered descriptor (the lane's) reports until disarmed, the
+            # readable one too; a one-shot one that fired is disarmed already.
+            self._disarm([fd for fd in held if fd != readable or self._lane is not None])
         session.parked = False
         self._parked -= 1
         self._drop_stale()
         self._nursery.start_soon(session.resume, readable,
                                  name="kproxy.session.session.Session.resume")
+
+    def _disarm(self, fds: Iterable[int]) -> None:
+        assert self._epoll is not None
+        for fd in fds:
+            try:
+                self._epoll.modify(fd, _DISARMED)
+            except OSError:  # the session ends over it, or already has
+                log.debug("could not disarm a parked session's descriptor")
 
     def reconfigured(self) -> None:
         """The idle timeout may have changed."""
