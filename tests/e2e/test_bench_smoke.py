@@ -43,6 +43,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
               "throughput, consume 1 KB: kproxy / haproxy",
               "p99 added at 1,000/s, small produce: kproxy - haproxy",
               "p99 added at 1,000/s, Metadata: kproxy - haproxy",
+              "p99 added at 1,000/s, small produce, by pushes every 100 ms instead of the "
+              "default: kproxy - kproxy",
               "CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
               "CPU s per GB relayed (consume 1 KB): kproxy / haproxy",
               "proxy memory per idle connection pair (KB)",
