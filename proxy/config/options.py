@@ -225,6 +225,10 @@ OPTIONS: tuple[Option, ...] = (
            "worker, off the event loop's scheduling (less CPU per small request); off: "
            "every frame through the event loop", "on|off", restart=True),
     Option("connect_timeout", parse_seconds, 10.0, "upstream connect timeout", "SECONDS"),
+    Option("upstream_dns_ttl", parse_non_negative_seconds, 30.0,
+           "how long the addresses an upstream name (bootstrap server or broker host) "
+           "resolved to are used for new connections; a kept address that fails is "
+           "dropped at once; 0: resolve at every connection", "SECONDS"),
     Option("write_timeout", parse_seconds, 60.0,
            "longest a single write to a peer may take before the connection is dropped",
            "SECONDS"),

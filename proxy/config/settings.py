@@ -76,6 +76,7 @@ class Config:
     max_frame_bytes: int
     max_inflight: int
     connect_timeout: float
+    upstream_dns_ttl: float
     write_timeout: float
     discovery_interval: float
     config_watch_interval: float

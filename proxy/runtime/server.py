@@ -51,6 +51,7 @@ from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.broker_listeners import BrokerListeners
 from kproxy.runtime.listeners import inherited_listener, open_listeners
+from kproxy.runtime.resolver import AddressCache
 from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upstream_context
 from kproxy.runtime.upstream import BootstrapRotation, UpstreamConnector
 from kproxy.runtime.virtual_clusters import VirtualCluster, VirtualClusterCollector
@@ -103,7 +104,8 @@ class Proxy:
             local[api_keys.PUSH_TELEMETRY] = self.telemetry.handle_push
         local.update(local_handlers or {})  # tests stand in their own answers
         self.rotation = BootstrapRotation(config.upstream, upstream_context(config),
-                                          config.identity.upstream_login)
+                                          config.identity.upstream_login,
+                                          AddressCache(config.upstream_dns_ttl))
         self.events = events = SessionEvents(metrics, self.ratelog, self.archive)
         self.backend = BackendWatch(self.state, metrics, self.ratelog, self.rotation,
                                     config.node_id_range)
@@ -175,6 +177,8 @@ class Proxy:
         self.sasl_settings = sasl_settings(new, self.jwks)
         self.rotation.servers = list(new.upstream)
         self.rotation.login = new.identity.upstream_login
+        if self.rotation.names is not None:
+            self.rotation.names.reconfigure(new.upstream_dns_ttl)
         self.services.connector.timeout = new.connect_timeout
         self.admission.config = new
         self.budget.limit = new.max_buffered_bytes

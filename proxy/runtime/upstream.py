@@ -3,11 +3,13 @@ TCP, TLS when on, and the proxy's own SASL login when ``[sasl.upstream]`` sets o
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import ssl
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
@@ -15,6 +17,7 @@ from kproxy.config.settings import HostPort
 from kproxy.policies.auth.upstream import UpstreamCredentials, UpstreamLogin, UpstreamLoginFailed
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.proxy_state import ProxyState
+from kproxy.runtime.resolver import Address, AddressCache
 from kproxy.runtime.tls import connect_tls
 from kproxy.session.events import SessionEvents
 
@@ -29,11 +32,12 @@ MAX_SASL_ANSWER = 64 * 1024
 
 
 async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None,
-                  login: UpstreamCredentials | None = None) -> trio.abc.Stream:
+                  login: UpstreamCredentials | None = None,
+                  names: AddressCache | None = None) -> trio.abc.Stream:
     """A connection to one broker, TLS when ``tls`` is given, logged in with ``login``;
-    the timeout covers each of the three."""
+    the timeout covers each of the three. ``names``: answers kept for a name."""
     with trio.fail_after(timeout):
-        stream = await _open_tcp(host, port)
+        stream = await _open_tcp(host, port, names)
     if tls is None:
         return await _logged_in(stream, login, timeout)
     try:
@@ -47,21 +51,67 @@ async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | No
         raise
 
 
-async def _open_tcp(host: str, port: int) -> trio.SocketStream:
+async def _open_tcp(host: str, port: int, names: AddressCache | None = None
+                    ) -> trio.SocketStream:
     """A TCP connection to ``host``. An IP address is connected to directly: trio's
     ``open_tcp_stream`` races a task per resolved address in a nursery of its own,
     which for the one address of a literal is a tenth of what a short connection
-    costs the proxy. A name is resolved and raced as trio does."""
+    costs the proxy. A name is looked up in ``names`` (kproxy.runtime.resolver), or,
+    when answers are not kept, resolved and raced as trio does."""
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
-        return await trio.open_tcp_stream(host, port)
+        if names is None or names.ttl <= 0:
+            return await trio.open_tcp_stream(host, port)
+        return await _open_by_name(host, port, names)
+    return await _connect_to(family, (host, port), host, port)
+
+
+async def _open_by_name(host: str, port: int, names: AddressCache) -> trio.SocketStream:
+    """Connected to one of ``host``'s addresses; a kept answer that fails is dropped,
+    and a refused one tried again with a fresh answer (the broker may have moved)."""
+    addresses, fresh = await names.lookup(host, port)
+    try:
+        return await _connect_any(addresses, host, port)
+    except OSError:
+        if fresh:
+            raise
+        names.forget(host, port)
+    except BaseException:  # timed out (or cancelled) at a kept answer
+        if not fresh:
+            names.forget(host, port)
+        raise
+    addresses, _ = await names.lookup(host, port)
+    return await _connect_any(addresses, host, port)
+
+
+async def _connect_any(addresses: list[Address], host: str, port: int) -> trio.SocketStream:
+    """The first of ``addresses`` that accepts, tried in order, as Kafka's clients do;
+    each try gets an equal share of the time left, the last one all of it."""
+    error: OSError | None = None
+    for i, (family, sockaddr) in enumerate(addresses):
+        left = trio.current_effective_deadline() - trio.current_time()
+        with trio.move_on_after(left / (len(addresses) - i)) as attempt:
+            try:
+                return await _connect_to(family, sockaddr, host, port)
+            except OSError as exc:
+                error = exc
+        if attempt.cancelled_caught:
+            error = OSError(errno.ETIMEDOUT, f"connecting to {host}:{port} "
+                            f"({sockaddr[0]}) timed out")
+    if error is None:
+        raise OSError(f"{host} resolved to no address")
+    raise error
+
+
+async def _connect_to(family: int, sockaddr: Any, host: str, port: int) -> trio.SocketStream:
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     try:
-        await sock.connect((host, port))
+        await sock.connect(sockaddr)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"connecting to {host}:{port} failed: "
+        at = "" if sockaddr[0] == host else f" ({sockaddr[0]})"
+        raise OSError(exc.errno, f"connecting to {host}:{port}{at} failed: "
                       f"{exc.strerror or exc}") from None
     except BaseException:  # cancelled, or timed out by the caller's deadline
         sock.close()
@@ -112,16 +162,19 @@ class BootstrapRotation:
     """
 
     def __init__(self, servers: Sequence[HostPort], tls: ssl.SSLContext | None = None,
-                 login: UpstreamCredentials | None = None) -> None:
+                 login: UpstreamCredentials | None = None,
+                 names: AddressCache | None = None) -> None:
         self.servers = list(servers)
         self.tls = tls
         self.login = login  # the proxy's own SASL login at the brokers, if any
+        self.names = names  # upstream names' answers, kept a while (also for brokers)
 
     async def connect(self, timeout: float) -> tuple[trio.abc.Stream, HostPort]:
         tried: list[tuple[HostPort, str]] = []
         for host, port in list(self.servers):
             try:
-                return await connect(host, port, timeout, self.tls, self.login), (host, port)
+                return await connect(host, port, timeout, self.tls, self.login,
+                                     self.names), (host, port)
             except trio.TooSlowError:
                 tried.append(((host, port), f"no answer within {timeout:g}s"))
             except OSError as exc:
@@ -156,7 +209,7 @@ class UpstreamConnector:
         where = (addr.host, addr.port)
         try:
             return await connect(addr.host, addr.port, self.timeout, self.rotation.tls,
-                                 self.rotation.login), where
+                                 self.rotation.login, self.rotation.names), where
         except trio.TooSlowError:
             raise UpstreamUnavailable([(where, f"no answer within {self.timeout:g}s")]) from None
         except OSError as exc:
