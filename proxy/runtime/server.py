@@ -51,9 +51,8 @@ from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.broker_listeners import BrokerListeners
 from kproxy.runtime.listeners import inherited_listener, open_listeners
-from kproxy.runtime.resolver import AddressCache
 from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upstream_context
-from kproxy.runtime.upstream import BootstrapRotation, UpstreamConnector
+from kproxy.runtime.upstream import AddressCache, BootstrapRotation, UpstreamConnector
 from kproxy.runtime.virtual_clusters import VirtualCluster, VirtualClusterCollector
 from kproxy.session.events import SessionEvents
 from kproxy.session.parked.express import call_in_trio

@@ -1,5 +1,5 @@
 """Opening an upstream connection: an IP address directly, a name through the kept
-answers (kproxy.runtime.resolver) or, when none are kept, as trio resolves it.
+answers (kproxy.runtime.upstream.AddressCache) or, when none are kept, as trio resolves it.
 
 Real sockets on loopback (hence in tests/e2e). An address literal skips trio's
 per-address race; what the session gets must be the same stream either way, and a
@@ -20,8 +20,7 @@ import trio
 
 from kproxy.codecs import api_keys
 from kproxy.embedded_broker import TansuBroker
-from kproxy.runtime.resolver import Address, AddressCache, Resolve, getaddrinfo
-from kproxy.runtime.upstream import connect
+from kproxy.runtime.upstream import Address, AddressCache, Resolve, connect, getaddrinfo
 
 from ..support import RawClient
 from .test_proxy_inprocess import METADATA_V12, start_proxy

@@ -1,4 +1,4 @@
-"""Kept answers for upstream names (kproxy.runtime.resolver.AddressCache).
+"""Kept answers for upstream names (kproxy.runtime.upstream.AddressCache).
 
 The resolver here is a stand-in that answers as told and counts the questions (DNS
 cannot be changed or slowed here); the connections made with real answers are
@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from kproxy.runtime.resolver import Address, AddressCache
+from kproxy.runtime.upstream import Address, AddressCache
 
 ONE: list[Address] = [(2, ("10.0.0.1", 9092))]
 TWO: list[Address] = [(2, ("10.0.0.2", 9092))]
