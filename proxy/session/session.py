@@ -60,9 +60,10 @@ class Session(RequestSide):
     # (The request side's own are in ``RequestSide``.)
     __slots__ = ("_client_io", "_closed", "_closing", "_end_at_request", "_ended", "_nursery",
                  "_on_end", "_upstream_io", "bytes_in", "catch_up", "client", "conn", "frames_in",
-                 "handing_back", "lane_after", "lane_decided", "lane_failed", "lane_run",
-                 "lane_short", "last_activity", "listener", "mute_scope", "mute_until", "opened_at",
-                 "ordered", "parked", "services", "upstream", "upstream_pending", "writer")
+                 "handing_back", "lane_after", "lane_decided", "lane_eof", "lane_failed",
+                 "lane_run", "lane_short", "last_activity", "listener", "mute_scope",
+                 "mute_until", "opened_at", "ordered", "parked", "services", "upstream",
+                 "upstream_pending", "writer")
 
     def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
                  node_id: int | None, peer: tuple[str, int],
@@ -107,6 +108,7 @@ class Session(RequestSide):
         self.lane_run = 0  # requests the lane relayed since it last handed the session back
         self.lane_short = 0  # hand-backs in a row after fewer than express.MIN_RUN
         self.handing_back = False  # the lane asked trio to run it again
+        self.lane_eof = False  # the lane found the client's stream ended (or failed)
         self.lane_failed: CodecError | None = None  # a response the lane could not read
         # A request the lane decided whose decision only trio can carry out (an answer
         # made later, a refusal): ``relay.take_decided`` applies it, as decided.
@@ -202,9 +204,12 @@ class Session(RequestSide):
                     await trio.aclose_forcefully(stream)
         self._gone()
 
-    def abandon(self) -> None:
-        """Close a parked session here and now: the proxy is stopping. Parked sessions
-        are plain TCP both ways, so closing is not a wait."""
+    def abandon(self, why: str = "") -> None:
+        """Close a parked session here and now: the proxy is stopping, or (``why``) its
+        client left while the express lane held it. Parked sessions are plain TCP both
+        ways, so closing is not a wait."""
+        if why:
+            log.debug("session ended: %s", why, extra={"fields": self.conn.log_fields()})
         self._report_closed()
         for stream in (self.client, self.upstream):
             if isinstance(stream, trio.SocketStream):

@@ -30,7 +30,7 @@ from kproxy.runtime.server import Proxy
 from ..fake_broker import FakeBroker
 from ..otlp_samples import librdkafka_like_payload
 from ..support import RawClient, encode_request
-from .test_parking import closed_by_proxy, connected, parked, session_tasks
+from .test_parking import all_ended, closed_by_proxy, connected, parked, parked_gauge, session_tasks
 from .test_parking import start_proxy as start_parking_proxy
 from .test_proxy_inprocess import METADATA_V12
 
@@ -201,6 +201,41 @@ async def test_the_lane_relays_without_re_arming_and_disarms_what_it_hands_back(
     await parked(proxy)
     assert lot_masks(proxy, fds) == armed
     await client.aclose()
+    proxy.shutdown()
+
+
+class SpawnedTasks(trio.abc.Instrument):
+    """The names of the tasks trio starts while it is installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+async def test_a_client_that_leaves_while_the_lane_holds_it_is_closed_without_a_task(
+        nursery: trio.Nursery, fake: FakeBroker) -> None:
+    """The usual end of a short connection: the lane reads the end of the client's
+    stream, and the session is closed where the lane hands it back, as its tasks would
+    have closed it, but without starting them again."""
+    proxy = await start_proxy(nursery, fake.bootstrap)
+    records: list[object] = []
+    proxy.events.on_connection_closed.append(records.append)
+    client = await connected(proxy)
+    await parked(proxy)
+    await warmed(proxy, client)
+    spawned = SpawnedTasks()
+    trio.lowlevel.add_instrument(spawned)
+    try:
+        await client.aclose()
+        await all_ended(proxy)
+    finally:
+        trio.lowlevel.remove_instrument(spawned)
+    assert not any(name.endswith("Session.resume") for name in spawned.names), spawned.names
+    assert len(records) == 1 and proxy.admission.open == 0
+    assert not proxy.parking and parked_gauge(proxy) == 0
+    assert proxy.metrics.connections_active.labels("bootstrap")._value.get() == 0
     proxy.shutdown()
 
 

@@ -228,8 +228,11 @@ def relay_requests(session: Session, client: SocketTransport, upstream: SocketTr
     data = _receive(client)
     if data is None:
         return True  # nothing there after all
-    if not data or session.lane_closed():
-        client.carry = data or None  # the end of the stream: the trio path reads it again
+    if not data:  # the client left: the session is closed where it is handed back
+        session.lane_eof = True
+        return False
+    if session.lane_closed():
+        client.carry = data
         return False
     conn, ordered, metrics = session.conn, session.ordered, session.services.metrics
     view = memoryview(data)

@@ -162,8 +162,18 @@ class ParkingLot:
         if session.lane_short >= 2:
             session.lane_after = trio.current_time() + BACKOFF_S
         session.lane_run = 0
-        if session.parked and self._nursery is not None:
-            self.wake(session, fd, disarmed=True)
+        if not session.parked or self._nursery is None:
+            return
+        if session.lane_eof and session.lane_failed is None and session.catch_up is None:
+            # The client left (the usual end of a short connection): closed here, as
+            # its tasks would on reading the end of the stream, without starting them.
+            self._forget(session)
+            session.parked = False
+            self._parked -= 1
+            self._drop_stale()
+            session.abandon("client closed the connection")
+            return
+        self.wake(session, fd, disarmed=True)
 
     async def _run_timer(self) -> None:
         """Sweep the sessions noted idle; wake those whose idle deadline passed."""
