@@ -71,6 +71,18 @@ async def metadata(client: RawClient, cid: int) -> dict[str, object]:
     return resp.body
 
 
+async def cut_mid_frame(proxy: Proxy, client: RawClient, cid: int) -> bytes:
+    """Send the start of a Metadata request, which the lane cannot relay: wait until it
+    hands the session back to trio; the rest of the request, to send next."""
+    handed = handbacks(proxy)
+    cut = encode_request(api_keys.METADATA, 12, cid, METADATA_V12)
+    await client.send(cut[:7])
+    with trio.fail_after(10):
+        while handbacks(proxy) == handed:
+            await trio.sleep(0.01)
+    return cut[7:]
+
+
 async def test_a_busy_session_stays_parked_while_the_lane_answers_in_order(
         nursery: trio.Nursery, fake: FakeBroker) -> None:
     proxy = await start_proxy(nursery, fake.bootstrap)
@@ -131,13 +143,8 @@ async def test_frames_the_lane_does_not_take_are_finished_by_the_sessions_tasks(
     client = await connected(proxy)
     await parked(proxy)
     await warmed(proxy, client)
-    handed = handbacks(proxy)
-    cut = encode_request(api_keys.METADATA, 12, 2, METADATA_V12)
-    await client.send(cut[:7])
-    with trio.fail_after(10):
-        while handbacks(proxy) == handed:
-            await trio.sleep(0.01)
-    await client.send(cut[7:])
+    rest = await cut_mid_frame(proxy, client, 2)
+    await client.send(rest)
     assert (await client.read_frame()) is not None
     large = encode_request(api_keys.METADATA, 12, 3, TOPICS)
     assert len(large) > 64 * 1024  # more than one receive of the lane
@@ -188,15 +195,10 @@ async def test_the_lane_relays_without_re_arming_and_disarms_what_it_hands_back(
     for cid in range(2, 12):
         await metadata(client, cid)
     assert lot_masks(proxy, fds) == armed and session.parked
-    handed = handbacks(proxy)
-    cut = encode_request(api_keys.METADATA, 12, 20, METADATA_V12)
-    await client.send(cut[:7])
-    with trio.fail_after(10):
-        while handbacks(proxy) == handed:
-            await trio.sleep(0.01)
+    rest = await cut_mid_frame(proxy, client, 20)
     assert not session.parked
     assert all(not m & select.EPOLLIN for m in lot_masks(proxy, fds).values())
-    await client.send(cut[7:])
+    await client.send(rest)
     assert (await client.read_frame()) is not None
     await parked(proxy)
     assert lot_masks(proxy, fds) == armed
