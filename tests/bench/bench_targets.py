@@ -62,7 +62,9 @@ def verdict(value: float | None, limit: float, at_most: bool, unit: str = "") ->
     if (value <= limit) if at_most else (value >= limit):
         return "met"
     gap = value - limit if at_most else limit - value
-    return f"**not met**: {gap:.2f}{unit} {'over' if at_most else 'short'}"
+    # A miss under the rounding still says by how much, never "0.00 over".
+    size = f"{gap:.2f}" if gap >= 0.005 else f"{gap:.1g}"
+    return f"**not met**: {size}{unit} {'over' if at_most else 'short'}"
 
 
 def targets(paths: list[Path_], counts: list[int], n1k: int,

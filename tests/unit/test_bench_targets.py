@@ -110,3 +110,9 @@ def test_ratio_table_has_a_row_per_figure() -> None:
     assert rows["memory per idle connection pair: kproxy / haproxy"] == "2.00"
     assert rows["produce 1 KB, MB/s, 4 clients: --workers 2 / --workers 1"] == "1.50"
     assert rows["telemetry pushes per CPU-second: this tree / d1cc828"] == "2.08"
+
+
+def test_a_miss_smaller_than_the_rounding_still_says_by_how_much() -> None:
+    run = paths([1.0, 1.0, 1.0], [0.1502, 0.1502, 0.1502], 1.0, 1.0)
+    assert verdicts(targets(run, [1000], N1K, BASELINE))[3:5] == [
+        "**not met**: 0.0002 ms over"] * 2
