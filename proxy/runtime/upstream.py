@@ -14,8 +14,9 @@ JVM keeps one for Kafka's own clients; 0 resolves at every connection, as trio's
 ``open_tcp_stream`` does). getaddrinfo does not say how long an answer is valid, so a
 kept answer that fails is dropped at once: a connect refused at every kept address is
 tried again with a fresh answer, and one that timed out leaves the next connection
-to resolve afresh. Connections that find a name unknown at once wait for one
-resolution together. At most ``MAX_NAMES`` names are kept, the least recently used
+to resolve afresh. A name's addresses are tried in order, and one that accepts after
+others did not is tried first from then on. Connections that find a name unknown at
+once wait for one resolution together. At most ``MAX_NAMES`` names are kept, the least recently used
 dropped first: the names come from the configuration and from the backend's answers.
 """
 
@@ -94,6 +95,13 @@ class AddressCache:
     def forget(self, host: str, port: int) -> None:
         self._kept.pop((host, port), None)
 
+    def prefer(self, host: str, port: int, address: Address) -> None:
+        """``address`` accepted where the ones before it did not: tried first from now
+        on, so that only one connection pays for an address that does not answer."""
+        kept = self._kept.get((host, port))
+        if kept is not None and address in kept[1]:
+            self._kept[host, port] = (kept[0], [address] + [a for a in kept[1] if a != address])
+
     def reconfigure(self, ttl: float) -> None:
         """A reload: a changed time to keep applies to the answers kept so far too."""
         if ttl != self.ttl:
@@ -171,7 +179,7 @@ async def _open_by_name(host: str, port: int, names: AddressCache) -> trio.Socke
     and a refused one tried again with a fresh answer (the broker may have moved)."""
     addresses, fresh = await names.lookup(host, port)
     try:
-        return await _connect_any(addresses, host, port)
+        return await _connect_any(addresses, host, port, names)
     except OSError:
         if fresh:
             raise
@@ -181,18 +189,23 @@ async def _open_by_name(host: str, port: int, names: AddressCache) -> trio.Socke
             names.forget(host, port)
         raise
     addresses, _ = await names.lookup(host, port)
-    return await _connect_any(addresses, host, port)
+    return await _connect_any(addresses, host, port, names)
 
 
-async def _connect_any(addresses: list[Address], host: str, port: int) -> trio.SocketStream:
+async def _connect_any(addresses: list[Address], host: str, port: int,
+                       names: AddressCache) -> trio.SocketStream:
     """The first of ``addresses`` that accepts, tried in order, as Kafka's clients do;
-    each try gets an equal share of the time left, the last one all of it."""
+    each try gets an equal share of the time left, the last one all of it. One that
+    accepts after others did not is tried first next time (``AddressCache.prefer``)."""
     error: OSError | None = None
     for i, (family, sockaddr) in enumerate(addresses):
         left = trio.current_effective_deadline() - trio.current_time()
         with trio.move_on_after(left / (len(addresses) - i)) as attempt:
             try:
-                return await _connect_to(family, sockaddr, host, port)
+                stream = await _connect_to(family, sockaddr, host, port)
+                if i:
+                    names.prefer(host, port, (family, sockaddr))
+                return stream
             except OSError as exc:
                 error = exc
         if attempt.cancelled_caught:

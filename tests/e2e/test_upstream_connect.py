@@ -123,15 +123,17 @@ async def test_a_broker_that_moved_is_found_at_the_first_refused_connect() -> No
             await stream.aclose()
 
 
-async def test_the_next_address_is_tried_when_one_refuses() -> None:
+async def test_the_next_address_is_tried_when_one_refuses_and_first_from_then_on() -> None:
     with loopback_listener("127.0.0.1") as listener:
         port = listener.getsockname()[1]
-        dns = StandInDns([(socket.AF_INET, ("127.0.0.4", port)),
-                          (socket.AF_INET, ("127.0.0.1", port))])
-        stream = await connect("kafka.example", port, timeout=5,
-                               names=AddressCache(30, resolve=dns))
+        refusing, accepting = (socket.AF_INET, ("127.0.0.4", port)), (socket.AF_INET,
+                                                                       ("127.0.0.1", port))
+        names = AddressCache(30, resolve=StandInDns([refusing, accepting]))
+        stream = await connect("kafka.example", port, timeout=5, names=names)
         assert connected_to(stream) == "127.0.0.1"
         await stream.aclose()
+        # Only the first connection pays for the address that does not answer.
+        assert await names.lookup("kafka.example", port) == ([accepting, refusing], False)
 
 
 async def test_a_name_refused_everywhere_says_where_and_leaves_no_socket() -> None:

@@ -131,3 +131,14 @@ async def test_forget_and_a_changed_time_drop_what_was_kept() -> None:
     assert len(names) == 1
     names.reconfigure(5)
     assert len(names) == 0 and names.ttl == 5
+
+
+async def test_a_preferred_address_comes_first_and_only_for_a_kept_answer() -> None:
+    both: list[Address] = ONE + TWO
+    names = AddressCache(30, resolve=StandInDns(both))
+    names.prefer("kafka", 9092, TWO[0])  # nothing kept yet: nothing to reorder
+    assert await names.lookup("kafka", 9092) == (both, True)
+    names.prefer("kafka", 9092, TWO[0])
+    assert await names.lookup("kafka", 9092) == (TWO + ONE, False)
+    names.prefer("kafka", 9092, (2, ("10.9.9.9", 9092)))  # not among them: ignored
+    assert await names.lookup("kafka", 9092) == (TWO + ONE, False)
