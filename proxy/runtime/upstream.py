@@ -16,8 +16,9 @@ kept answer that fails is dropped at once: a connect refused at every kept addre
 tried again with a fresh answer, and one that timed out leaves the next connection
 to resolve afresh. A name's addresses are tried in order, and one that accepts after
 others did not is tried first from then on. Connections that find a name unknown at
-once wait for one resolution together. At most ``MAX_NAMES`` names are kept, the least recently used
-dropped first: the names come from the configuration and from the backend's answers.
+once wait for one resolution together. At most ``MAX_NAMES`` names are kept, the
+least recently used dropped first: the names come from the configuration and from
+the backend's answers.
 """
 
 from __future__ import annotations
@@ -211,8 +212,7 @@ async def _connect_any(addresses: list[Address], host: str, port: int,
         if attempt.cancelled_caught:
             error = OSError(errno.ETIMEDOUT, f"connecting to {host}:{port} "
                             f"({sockaddr[0]}) timed out")
-    if error is None:
-        raise OSError(f"{host} resolved to no address")
+    assert error is not None  # a lookup never gives an empty answer
     raise error
 
 

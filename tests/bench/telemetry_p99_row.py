@@ -83,11 +83,9 @@ def section(data: dict[str, Any] | None) -> list[str]:
     if not data or data.get("error") or not data.get("rounds"):
         return [*lines, f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
     rounds = data["rounds"]
-    names = (list(PATHS) if all(n in rounds[0] for n in PATHS)  # else an older run's labels
-             else sorted(rounds[0], key=lambda n: n != "direct"))
     lines += ["| path | p50 (ms) | p99 (ms) | p99 added over direct, per round: median "
               "(lowest-highest) (ms) |", "|---|---|---|---|"]
-    for name in names:
+    for name in PATHS:
         p50 = statistics.median(r[name]["p50_ms"] for r in rounds)
         p99 = statistics.median(r[name]["p99_ms"] for r in rounds)
         added = [r[name]["p99_ms"] - r["direct"]["p99_ms"] for r in rounds]

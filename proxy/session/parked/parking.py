@@ -167,10 +167,7 @@ class ParkingLot:
         if session.lane_eof and session.lane_failed is None and session.catch_up is None:
             # The client left (the usual end of a short connection): closed here, as
             # its tasks would on reading the end of the stream, without starting them.
-            self._forget(session)
-            session.parked = False
-            self._parked -= 1
-            self._drop_stale()
+            self._unpark(session)
             session.abandon("client closed the connection")
             return
         self.wake(session, fd, disarmed=True)
@@ -263,16 +260,21 @@ class ParkingLot:
         deadline passed, or a control reached it. ``disarmed``: the lane disarmed
         both descriptors already."""
         assert self._epoll is not None and self._nursery is not None
-        held = self._forget(session)
+        held = self._unpark(session)
         if not disarmed:
             # A level-triggered descriptor (the lane's) reports until disarmed, the
             # readable one too; a one-shot one that fired is disarmed already.
             self._disarm([fd for fd in held if fd != readable or self._lane is not None])
+        self._nursery.start_soon(session.resume, readable,
+                                 name="kproxy.session.session.Session.resume")
+
+    def _unpark(self, session: Session) -> list[int]:
+        """``session`` leaves the lot (to run again, or to close); its descriptors."""
+        held = self._forget(session)
         session.parked = False
         self._parked -= 1
         self._drop_stale()
-        self._nursery.start_soon(session.resume, readable,
-                                 name="kproxy.session.session.Session.resume")
+        return held
 
     def _disarm(self, fds: Iterable[int]) -> None:
         assert self._epoll is not None
