@@ -19,6 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import admission_row
 import connection_cost_row
+import p99_pair_row
 import rebootstrap_row
 import relay_ab
 import relay_floor
@@ -122,6 +123,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += connection_cost_row.section(sections.get("connections"))
     lines += relay_ab.section(sections.get("relay_ab"))
     lines += small_request_ab.section(sections.get("small"))
+    lines += p99_pair_row.section(sections.get("p99_pair"))
     lines += telemetry_p99_row.section(sections.get("telemetry_p99"))
     lines += relay_floor.section(sections.get("floor"))
     lines += tls_row.section(sections.get("tls"))
@@ -132,7 +134,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += ratio_table(paths, counts, tel_ab, sections.get("workers"))
     lines += targets(paths, counts, n1k, tel_ab, sections.get("small"),
                      sections.get("scrape"), sections.get("scrape_workers"),
-                     sections.get("telemetry_p99"))
+                     sections.get("telemetry_p99"), sections.get("p99_pair"))
     lines.append(WHY)
     Path(args.out).write_text("\n".join(lines) + "\n" + SCALING_NOTE)
     current = telemetry_ab.summary((tel_ab or {}).get("current", []))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import p99_pair_row
 import scrape_workers_row
 import small_request_ab
 import telemetry_ab
@@ -35,6 +36,7 @@ TELEMETRY_FACTOR = 2.0
 # (240,020 series): "no worse than today".
 SCRAPE_SLICE_MS = 2.32  # 2.317 measured then
 NOT_JUDGED = "reported, not judged: no other path terminates telemetry"
+ALONGSIDE = "reported beside the judged row above, not judged"
 
 
 def idle_kb(path: Path_ | None, counts: list[int]) -> tuple[float, int] | None:
@@ -71,7 +73,8 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
             tel: dict[str, Any] | None, small: dict[str, Any] | None = None,
             scrape: list[dict[str, Any]] | None = None,
             scrape_workers: dict[str, Any] | None = None,
-            telemetry_p99: dict[str, Any] | None = None) -> list[str]:
+            telemetry_p99: dict[str, Any] | None = None,
+            p99_pair: dict[str, Any] | None = None) -> list[str]:
     by = {p.name: p for p in paths}
     kp, hp = by["kproxy"], by.get("haproxy (tcp)")
     rows: list[str] = []
@@ -91,12 +94,20 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
             ">= 1.00", result)
     direct = by["direct"]
     for key, label in LATENCY:
-        diff = paired(kp, hp, key, "p99_ms", operator.sub)
+        diffs = paired_values(kp, hp, key, "p99_ms", operator.sub)
+        diff = statistics.median(diffs) if diffs else None
         k_added = paired(kp, direct, key, "p99_ms", operator.sub)
         h_added = paired(hp, direct, key, "p99_ms", operator.sub)
+        # The quartiles show how far one run's p99 can move: the verdict is the median's.
+        q1, q3 = quartiles(diffs) if diffs else (None, None)
         row(f"p99 added at 1,000/s, {label}: kproxy - haproxy (ms)",
-            f"{signed(diff)} (kproxy {signed(k_added)}, haproxy {signed(h_added)})",
+            f"{signed(diff)} (quartiles {signed(q1)} to {signed(q3)}; over direct: "
+            f"kproxy {signed(k_added)}, haproxy {signed(h_added)})",
             f"<= {P99_SLACK_MS:.2f}", verdict(diff, P99_SLACK_MS, True, " ms"))
+        if pair := p99_pair_row.differences(p99_pair, key):
+            rounds = f"{len(pair)} round{'s' if len(pair) != 1 else ''}"
+            row(f"p99 added at 1,000/s, {label}, the two proxies alone ({rounds}): "
+                "kproxy - haproxy (ms)", p99_pair_row.summary(pair), "-", ALONGSIDE)
     # Not a target: the paths above run kproxy's default telemetry settings (a push a
     # minute); this is what clients pushing every 100 ms add on top, shown beside them.
     pushes = telemetry_p99_row.added_by_pushes(telemetry_p99)
@@ -140,8 +151,12 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
             "each repetition. Throughput: in brackets the lower and upper quartile of the "
             "per-repetition ratios; \"within the spread\" means the median is below 1.00 "
             "but the upper quartile reaches it. p99: the difference of the two p99s in the "
-            "same repetition (direct cancels out), in brackets each one's p99 over direct; "
-            "kproxy runs its default telemetry settings there, and the row below them "
+            "same repetition, in brackets the lower and upper quartile of those "
+            "differences, then each one's p99 over direct (each path has its own broker, "
+            "so direct is a third broker: a guide, not a baseline that cancels out); "
+            "kproxy runs its default telemetry settings there. Under each, where measured, "
+            "the same difference from the section \"The p99 added over haproxy, the two "
+            "proxies alone\" (more rounds, no other path in between). The row below them "
             "comes from the section \"Telemetry pushes and the small-produce p99\" "
             "(in brackets its lowest and highest round). "
             "CPU: in brackets CPU s per GB of each. Memory: the idle connections of the "

@@ -29,6 +29,7 @@ from tests.support import stop_process as stop  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import admission_row  # noqa: E402
 import connection_cost_row  # noqa: E402
+import p99_pair_row  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
 import relay_floor  # noqa: E402
@@ -65,7 +66,8 @@ def main() -> int:
     parser.add_argument("--only", choices=["rebootstrap", "workers", "relay-ab", "admission",
                                            "connections",
                                            "scrape-workers",
-                                           "small", "floor", "tls", "telemetry-p99"],
+                                           "small", "floor", "tls", "telemetry-p99",
+                                           "p99-pair"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
@@ -299,6 +301,7 @@ def only(args: argparse.Namespace) -> int:
 ROWS: dict[str, tuple[Any, str, float, float]] = {
     "small": (small_request_ab, "small", 1.0, 5.0),
     "telemetry-p99": (telemetry_p99_row, "telemetry_p99", 1.0, 5.0),
+    "p99-pair": (p99_pair_row, "p99_pair", 1.0, 5.0),
     "floor": (relay_floor, "floor", 1.0, 5.0),
     "tls": (tls_row, "tls", 2000, 100_000),
     "admission": (admission_row, "admission", 20, 300),

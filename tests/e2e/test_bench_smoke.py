@@ -33,6 +33,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## Admission across workers", "## What a new connection costs",
                     "## What the event loop costs a small request",
                     "## Telemetry pushes and the small-produce p99",
+                    "## The p99 added over haproxy, the two proxies alone",
                     "## /metrics of a large fleet at 1 and 2 workers"):
         assert section in text
     # Issues 19's, 29's and 30's targets, each with a verdict (a smoke run's figures decide
@@ -42,7 +43,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
               "throughput, produce 100 B: kproxy / haproxy",
               "throughput, consume 1 KB: kproxy / haproxy",
               "p99 added at 1,000/s, small produce: kproxy - haproxy",
+              "p99 added at 1,000/s, small produce, the two proxies alone (1 round): "
+              "kproxy - haproxy",
               "p99 added at 1,000/s, Metadata: kproxy - haproxy",
+              "p99 added at 1,000/s, Metadata, the two proxies alone (1 round): "
+              "kproxy - haproxy",
               "p99 added at 1,000/s, small produce, by pushes every 100 ms instead of the "
               "default: kproxy - kproxy",
               "CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
@@ -95,6 +100,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     tp99 = results["telemetry_p99"]
     assert "error" not in tp99 and len(tp99["rounds"]) == 1, tp99
     assert all(r["p99_ms"] > 0 for r in tp99["rounds"][0].values()), tp99
+    # Both proxies delivered a p99 for both workloads in the pair row's round.
+    pair = results["p99_pair"]
+    assert "error" not in pair and len(pair["rounds"]) == 1, pair
+    assert all(r["p99_ms"] > 0 for kind in pair["rounds"][0].values()
+               for r in kind.values()) and len(pair["rounds"][0]) == 2, pair
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):

@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 
 import connection_cost_row
+import p99_pair_row
 import relay_ab
 import small_request_ab
 from bench_stats import median_range
@@ -54,3 +55,22 @@ def test_connection_cost_with_haproxy_cpu_of_zero() -> None:
         "cpu_ms": {"kproxy": [0.5], "haproxy (tcp)": [0.0]}})
     assert any(line.startswith("| kproxy | 0.500 |") for line in lines)
     assert not any("per repetition: median" in line for line in lines)
+
+
+def test_p99_pair_section_gives_each_workload_its_per_round_differences() -> None:
+    def side(p99: float) -> dict[str, float]:
+        return {"p50_ms": 0.2, "p99_ms": p99}
+
+    data = {"seconds": 5.0, "rate": 1000, "rounds": [
+        {"produce_latency": {"kproxy": side(0.5 + d), "haproxy (tcp)": side(0.5)},
+         "metadata_latency": {"kproxy": side(0.3 + d), "haproxy (tcp)": side(0.3)}}
+        for d in (0.0, 0.1, 0.2)]}
+    lines = p99_pair_row.section(data)
+    rows = [ln for ln in lines if ln.startswith("| small produce") or ln.startswith("| Metadata")]
+    assert rows == [
+        "| small produce at 1,000/s | 0.20 / 0.60 | 0.20 / 0.50 "
+        "| +0.10 (quartiles +0.05 to +0.15; +0.00 to +0.20) |",
+        "| Metadata at 1,000/s | 0.20 / 0.40 | 0.20 / 0.30 "
+        "| +0.10 (quartiles +0.05 to +0.15; +0.00 to +0.20) |"]
+    assert p99_pair_row.section({"error": "haproxy is not installed"})[-2] == (
+        "- not measured: haproxy is not installed")

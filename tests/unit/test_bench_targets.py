@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_measure import Path_
-from bench_targets import NOT_JUDGED, ratio_table, targets
+from bench_targets import ALONGSIDE, NOT_JUDGED, ratio_table, targets
 from telemetry_p99_row import DEFAULT, FAST
 
 N1K = 250_000
@@ -116,3 +116,43 @@ def test_a_miss_smaller_than_the_rounding_still_says_by_how_much() -> None:
     run = paths([1.0, 1.0, 1.0], [0.1502, 0.1502, 0.1502], 1.0, 1.0)
     assert verdicts(targets(run, [1000], N1K, BASELINE))[3:5] == [
         "**not met**: 0.0002 ms over"] * 2
+
+
+def test_a_p99_row_shows_how_far_the_repetitions_spread() -> None:
+    """One repetition's p99 moves a lot on a shared machine: the row gives the
+    quartiles of the per-repetition differences beside the median it judges."""
+    run = paths([1.0] * 5, [-0.10, 0.05, 0.10, 0.20, 0.60], 1.0, 1.0)
+    row = next(ln for ln in targets(run, [1000], N1K, BASELINE)
+               if ln.startswith("| p99 added at 1,000/s, Metadata"))
+    measured, verdict = row.split(" | ")[1], row.rstrip(" |").rsplit(" | ", 1)[1]
+    assert measured == ("+0.10 (quartiles +0.05 to +0.20; over direct: kproxy +0.20, "
+                        "haproxy +0.10)")
+    assert verdict == "met"  # the median decides, not a quartile
+
+
+def test_the_pair_rounds_are_shown_under_each_judged_p99_row_unjudged() -> None:
+    """The two-proxies-alone section answers the same question with more rounds; its
+    figure sits under the judged row and never decides the verdict."""
+    run = paths([1.0] * 3, [0.30, 0.30, 0.30], 1.0, 1.0)
+
+    def pair_round(kproxy_ms: float) -> dict[str, dict[str, float]]:
+        return {"kproxy": {"p50_ms": 0.2, "p99_ms": kproxy_ms},
+                "haproxy (tcp)": {"p50_ms": 0.1, "p99_ms": 0.3}}
+
+    pair = {"rounds": [{"produce_latency": pair_round(0.3 + d),
+                        "metadata_latency": pair_round(0.3 + d)}
+                       for d in (0.02, 0.05, 0.08, 0.11, 0.40)]}
+    lines = targets(run, [1000], N1K, BASELINE, p99_pair=pair)
+    p99 = [ln for ln in lines if ln.startswith("| p99 added at 1,000/s")]
+    assert [ln.split(" | ")[0] for ln in p99] == [
+        "| p99 added at 1,000/s, small produce: kproxy - haproxy (ms)",
+        "| p99 added at 1,000/s, small produce, the two proxies alone (5 rounds): "
+        "kproxy - haproxy (ms)",
+        "| p99 added at 1,000/s, Metadata: kproxy - haproxy (ms)",
+        "| p99 added at 1,000/s, Metadata, the two proxies alone (5 rounds): "
+        "kproxy - haproxy (ms)",
+        "| p99 added at 1,000/s, small produce, by pushes every 100 ms instead of the "
+        "default: kproxy - kproxy (ms)"]
+    assert p99[1].split(" | ")[1] == "+0.08 (quartiles +0.05 to +0.11; +0.02 to +0.40)"
+    assert verdicts(p99) == ["**not met**: 0.15 ms over", ALONGSIDE,
+                             "**not met**: 0.15 ms over", ALONGSIDE, NOT_JUDGED]
