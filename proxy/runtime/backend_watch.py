@@ -153,7 +153,7 @@ class BackendWatch:
         await self.seen(seen, self.state.learn(seen))
         return True
 
-    async def reconfigured(self, connect_timeout: float, max_frame_bytes: int) -> Change:
+    async def reconfigured(self, connect_timeout: float, max_frame_bytes: int) -> Change | None:
         """The upstream list changed: one epoch bump for it, whatever it leads to.
 
         Discovery through the new list runs first, so that a new cluster (or brokers at
@@ -162,13 +162,19 @@ class BackendWatch:
         would bootstrap once for each. When the new list leads to the same backend
         (or cannot be reached yet) the bump is forced: connections to servers no longer
         listed are closed, and the others are told in their next Metadata response.
+
+        None: the epoch moved while this discovery was in flight (the periodic discovery,
+        already through the new list, learned the change first). That was the bump.
         """
+        epoch = self.state.epoch  # the new list is in place: any later bump answers to it
         seen = await self._discover(connect_timeout, max_frame_bytes)
         learned = None if seen is None else self.state.learn(seen)
         if seen is not None:
             await self.seen(seen, learned)  # fans a learned change out
         if learned is not None:
             return learned
+        if self.state.epoch != epoch:
+            return None
         change = self.state.view.force("upstream_reconfigured")
         self.changed(change)
         return change

@@ -84,3 +84,26 @@ async def test_a_reload_to_the_same_backend_or_none_is_a_forced_change(
     fake_discovery(monkeypatch, unreachable)
     change = await w.reconfigured(1, 1 << 20)
     assert change.reason == "upstream_reconfigured" and w.state.epoch == 2
+
+
+async def test_a_reload_whose_change_the_periodic_discovery_learned_first_is_still_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periodic discovery may start right after the new list is in place and answer
+    before the reload's own discovery does (seen in CI: a swap counted as cluster_id and
+    then upstream_reconfigured, so clients were told twice). Its change is the reload's
+    one bump; the reload's discovery then learns nothing new and forces nothing."""
+    w = watch()
+    fake_discovery(monkeypatch, lambda _: cluster("blue", "10.0.0.1"))
+    await w.discover_once(1, 1 << 20)
+    w.rotation.servers = w.state.upstream_servers = [NEW]
+
+    async def overtaken(rotation: BootstrapRotation, *_: Any) -> Seen:
+        # The periodic discovery through the new list answers while this one is in flight.
+        fake_discovery(monkeypatch, lambda _: cluster("green", "10.0.0.2"))
+        assert await w.discover_once(1, 1 << 20)
+        monkeypatch.setattr(backend_watch, "discover", overtaken)
+        return cluster("green", "10.0.0.2")
+    monkeypatch.setattr(backend_watch, "discover", overtaken)
+    assert await w.reconfigured(1, 1 << 20) is None
+    assert w.state.epoch == 1 and w.state.view.cluster_id == "green"
+    assert set(w.metrics.topology_changes._metrics) == {("cluster_id",)}  # nothing forced
