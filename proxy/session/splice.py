@@ -105,62 +105,20 @@ async def splice_exactly(src: int, dst: int, n: int, pipe: Pipe, *, read_timeout
 
     Waits for the source at most ``read_timeout`` at a time (``math.inf``: as long as
     it takes) and for room at the destination at most ``write_timeout``. Raises
-    ``PeerGone`` when either side goes away, ``SessionClosed`` on a timeout; either,
-    or a cancellation, leaves the frame cut short: the caller must end the connection.
+    ``PeerGone`` when either side goes away, ``SessionClosed`` on a timeout; either, or
+    a cancellation, leaves the frame cut short: the caller must end the connection.
     """
-    in_pipe = 0
-    ops = 0
-    ended = False  # the source closed: what the pipe holds still goes out, then it ends
-    # A splice from the socket that moved less than it asked for emptied its receive
-    # queue: the next one would find nothing (EAGAIN, a system call for nothing), so the
-    # source is left alone until a wait says it is readable again.
-    drained = False
-    size, pipe_r, pipe_w = pipe.size, pipe.r, pipe.w
+    splicing = _Splicing(src, dst, n, pipe)
+    # The bytes already there move without a cancel scope: one is made only when a wait
+    # is needed (its entry and exit were most of the Python of a rest that never waits).
+    if await splicing.move():
+        return
     # One scope serves every wait of the frame: its deadline is set for a wait and lifted
     # after it (a scope per wait cost about a third of a large produce's Python).
     reason = ""
     with trio.CancelScope() as scope:
-        while n or in_pipe:
-            if ended and not in_pipe:
-                raise PeerGone("closed in the middle of a frame")
-            moved = False
-            if n and in_pipe < size and not ended and not drained:
-                want = min(n, size - in_pipe)
-                try:
-                    got = os.splice(src, pipe_w, want, None, None, _FLAGS)
-                except BlockingIOError:  # nothing to read, or the pipe is full
-                    got = -1
-                    drained = in_pipe == 0  # an empty pipe was not what stopped it
-                except OSError as exc:
-                    raise _gone(exc) from exc
-                if not got:
-                    ended = True
-                    continue
-                if got > 0:
-                    n -= got
-                    in_pipe += got
-                    moved = True
-                    drained = got < want
-            if in_pipe:
-                try:
-                    put = os.splice(pipe_r, dst, in_pipe, None, None, _FLAGS)
-                except BlockingIOError:  # the destination's send buffer is full
-                    put = 0
-                except OSError as exc:
-                    raise _gone(exc) from exc
-                in_pipe -= put
-                moved = moved or put > 0
-            if moved:
-                ops += 1
-                # One busy frame must not starve the others; never after its last byte,
-                # though: its answer could reach the response side before the caller
-                # expects it.
-                if ops >= FAIRNESS_OPS and (n or in_pipe):
-                    ops = 0
-                    await trio.lowlevel.checkpoint()
-                continue
-            ops = 0
-            if in_pipe:  # bytes to write and nowhere to put them: wait for the reader
+        while True:
+            if splicing.in_pipe:  # bytes to write and nowhere to put them: wait for room
                 reason, timeout, wait, fd = ("write timed out", write_timeout,
                                              trio.lowlevel.wait_writable, dst)
             else:
@@ -173,9 +131,79 @@ async def splice_exactly(src: int, dst: int, n: int, pipe: Pipe, *, read_timeout
                 scope.deadline = math.inf
             else:
                 await wait(fd)
-            drained = False
+            splicing.drained = False
+            if await splicing.move():
+                break
     if scope.cancelled_caught:
         raise SessionClosed(reason)
+
+
+class _Splicing:
+    """One frame's rest on its way: what is still to read (``n``), what the pipe holds
+    (``in_pipe``), and what is known of the source."""
+
+    __slots__ = ("drained", "dst", "ended", "in_pipe", "n", "pipe_r", "pipe_w", "size",
+                 "src")
+
+    def __init__(self, src: int, dst: int, n: int, pipe: Pipe) -> None:
+        self.src, self.dst, self.n = src, dst, n
+        self.size, self.pipe_r, self.pipe_w = pipe.size, pipe.r, pipe.w
+        self.in_pipe = 0
+        # The source closed: what the pipe holds still goes out, then the frame ends.
+        self.ended = False
+        # A splice from the socket that moved less than it asked for emptied its receive
+        # queue: the next one would find nothing (EAGAIN, a system call for nothing), so
+        # the source is left alone until a wait says it is readable again.
+        self.drained = False
+
+    async def move(self) -> bool:
+        """Splice until done (True) or until nothing moves without a wait (False)."""
+        ops = 0
+        src, dst, size, pipe_r, pipe_w = self.src, self.dst, self.size, self.pipe_r, self.pipe_w
+        n, in_pipe = self.n, self.in_pipe
+        try:
+            while n or in_pipe:
+                if self.ended and not in_pipe:
+                    raise PeerGone("closed in the middle of a frame")
+                moved = False
+                if n and in_pipe < size and not self.ended and not self.drained:
+                    want = min(n, size - in_pipe)
+                    try:
+                        got = os.splice(src, pipe_w, want, None, None, _FLAGS)
+                    except BlockingIOError:  # nothing to read, or the pipe is full
+                        got = -1
+                        self.drained = in_pipe == 0  # an empty pipe did not stop it
+                    except OSError as exc:
+                        raise _gone(exc) from exc
+                    if not got:
+                        self.ended = True
+                        continue
+                    if got > 0:
+                        n -= got
+                        in_pipe += got
+                        moved = True
+                        self.drained = got < want
+                if in_pipe:
+                    try:
+                        put = os.splice(pipe_r, dst, in_pipe, None, None, _FLAGS)
+                    except BlockingIOError:  # the destination's send buffer is full
+                        put = 0
+                    except OSError as exc:
+                        raise _gone(exc) from exc
+                    in_pipe -= put
+                    moved = moved or put > 0
+                if not moved:
+                    return False
+                ops += 1
+                # One busy frame must not starve the others; never after its last byte,
+                # though: its answer could reach the response side before the caller
+                # expects it.
+                if ops >= FAIRNESS_OPS and (n or in_pipe):
+                    ops = 0
+                    await trio.lowlevel.checkpoint()
+            return True
+        finally:
+            self.n, self.in_pipe = n, in_pipe
 
 
 def _gone(exc: OSError) -> PeerGone:
