@@ -28,6 +28,7 @@ import sizing_row
 import small_request_ab
 import telemetry_ab
 import telemetry_p99_row
+import throughput_pair_row
 import tls_row
 import workers_row
 from bench_measure import Path_
@@ -124,6 +125,7 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += relay_ab.section(sections.get("relay_ab"))
     lines += small_request_ab.section(sections.get("small"))
     lines += p99_pair_row.section(sections.get("p99_pair"))
+    lines += throughput_pair_row.section(sections.get("throughput_pair"))
     lines += telemetry_p99_row.section(sections.get("telemetry_p99"))
     lines += relay_floor.section(sections.get("floor"))
     lines += tls_row.section(sections.get("tls"))
@@ -134,7 +136,8 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
     lines += ratio_table(paths, counts, tel_ab, sections.get("workers"))
     lines += targets(paths, counts, n1k, tel_ab, sections.get("small"),
                      sections.get("scrape"), sections.get("scrape_workers"),
-                     sections.get("telemetry_p99"), sections.get("p99_pair"))
+                     sections.get("telemetry_p99"), sections.get("p99_pair"),
+                     sections.get("throughput_pair"))
     lines.append(WHY)
     Path(args.out).write_text("\n".join(lines) + "\n" + SCALING_NOTE)
     current = telemetry_ab.summary((tel_ab or {}).get("current", []))

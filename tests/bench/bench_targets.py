@@ -20,6 +20,7 @@ import scrape_workers_row
 import small_request_ab
 import telemetry_ab
 import telemetry_p99_row
+import throughput_pair_row
 import workers_row
 from bench_measure import Path_
 from bench_stats import fmt, median, paired, paired_values, quartiles
@@ -74,7 +75,8 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
             scrape: list[dict[str, Any]] | None = None,
             scrape_workers: dict[str, Any] | None = None,
             telemetry_p99: dict[str, Any] | None = None,
-            p99_pair: dict[str, Any] | None = None) -> list[str]:
+            p99_pair: dict[str, Any] | None = None,
+            throughput_pair: dict[str, Any] | None = None) -> list[str]:
     by = {p.name: p for p in paths}
     kp, hp = by["kproxy"], by.get("haproxy (tcp)")
     rows: list[str] = []
@@ -92,6 +94,12 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
                   else f"**not met**: {1 - mid:.2f} short")
         row(f"throughput, {label}: kproxy / haproxy", f"{mid:.2f} ({q1:.2f}-{q3:.2f})",
             ">= 1.00", result)
+        if key == "produce_100b":
+            for name in ("kproxy", throughput_pair_row.FLOOR):
+                if pair := throughput_pair_row.ratios(throughput_pair, name):
+                    row(f"throughput, {label}, the relays alone ({len(pair)} round"
+                        f"{'s' if len(pair) != 1 else ''}): {name} / haproxy",
+                        throughput_pair_row.summary(pair), "-", ALONGSIDE)
     direct = by["direct"]
     for key, label in LATENCY:
         diffs = paired_values(kp, hp, key, "p99_ms", operator.sub)

@@ -37,6 +37,7 @@ import scrape_workers_row  # noqa: E402
 import small_request_ab  # noqa: E402
 import telemetry_ab  # noqa: E402
 import telemetry_p99_row  # noqa: E402
+import throughput_pair_row  # noqa: E402
 import tls_row  # noqa: E402
 import workers_row  # noqa: E402
 from bench_measure import (  # noqa: E402
@@ -67,7 +68,7 @@ def main() -> int:
                                            "connections",
                                            "scrape-workers",
                                            "small", "floor", "tls", "telemetry-p99",
-                                           "p99-pair"],
+                                           "p99-pair", "throughput-pair"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
@@ -302,6 +303,7 @@ ROWS: dict[str, tuple[Any, str, float, float]] = {
     "small": (small_request_ab, "small", 1.0, 5.0),
     "telemetry-p99": (telemetry_p99_row, "telemetry_p99", 1.0, 5.0),
     "p99-pair": (p99_pair_row, "p99_pair", 1.0, 5.0),
+    "throughput-pair": (throughput_pair_row, "throughput_pair", 5000, 1_000_000),
     "floor": (relay_floor, "floor", 1.0, 5.0),
     "tls": (tls_row, "tls", 2000, 100_000),
     "admission": (admission_row, "admission", 20, 300),

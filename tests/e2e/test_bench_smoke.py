@@ -34,6 +34,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## What the event loop costs a small request",
                     "## Telemetry pushes and the small-produce p99",
                     "## The p99 added over haproxy, the two proxies alone",
+                    "## Produce 100 B throughput, the relays alone",
                     "## /metrics of a large fleet at 1 and 2 workers"):
         assert section in text
     # Issues 19's, 29's and 30's targets, each with a verdict (a smoke run's figures decide
@@ -41,6 +42,9 @@ def test_bench_smoke(tmp_path: Path) -> None:
     rows = text[text.index("## Targets"):].split("\n\n")[1].splitlines()[2:]
     wanted = ["throughput, produce 1 KB: kproxy / haproxy",
               "throughput, produce 100 B: kproxy / haproxy",
+              "throughput, produce 100 B, the relays alone (1 round): kproxy / haproxy",
+              "throughput, produce 100 B, the relays alone (1 round): floor relay (trio, "
+              "splice) / haproxy",
               "throughput, consume 1 KB: kproxy / haproxy",
               "p99 added at 1,000/s, small produce: kproxy - haproxy",
               "p99 added at 1,000/s, small produce, the two proxies alone (1 round): "
@@ -105,6 +109,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert "error" not in pair and len(pair["rounds"]) == 1, pair
     assert all(r["p99_ms"] > 0 for kind in pair["rounds"][0].values()
                for r in kind.values()) and len(pair["rounds"][0]) == 2, pair
+    # The three relays of the throughput pair each produced every message.
+    tput = results["throughput_pair"]
+    assert "error" not in tput and len(tput["rounds"]) == 1, tput
+    assert set(tput["rounds"][0]) == {"kproxy", "haproxy (tcp)", "floor relay (trio, splice)"}
+    assert all(r["mb_s"] > 0 and r["failures"] == 0 for r in tput["rounds"][0].values()), tput
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):

@@ -16,6 +16,7 @@ import connection_cost_row
 import p99_pair_row
 import relay_ab
 import small_request_ab
+import throughput_pair_row
 from bench_stats import median_range
 
 PROOF = {"baseline_commit": "d1cc828" + "0" * 33, "current_commit": "abc1234",
@@ -73,4 +74,23 @@ def test_p99_pair_section_gives_each_workload_its_per_round_differences() -> Non
         "| Metadata at 1,000/s | 0.20 / 0.40 | 0.20 / 0.30 "
         "| +0.10 (quartiles +0.05 to +0.15; +0.00 to +0.20) |"]
     assert p99_pair_row.section({"error": "haproxy is not installed"})[-2] == (
+        "- not measured: haproxy is not installed")
+
+
+def test_throughput_pair_section_gives_each_relay_its_ratio_and_cpu_per_gb() -> None:
+    def relays(kproxy: float, floor: float) -> dict[str, dict[str, float]]:
+        return {"kproxy": {"mb_s": kproxy, "cpu_s": 0.07},
+                "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.05},
+                throughput_pair_row.FLOOR: {"mb_s": floor, "cpu_s": 0.0}}
+
+    data = {"count": 1_000_000, "size": 100,
+            "rounds": [relays(k, f) for k, f in ((97.0, 99.0), (99.0, 101.0), (98.0, 100.0),
+                                                 (96.0, 98.0), (100.0, 102.0))]}
+    rows = [ln for ln in throughput_pair_row.section(data) if ln.startswith("| ")][1:]
+    assert rows == [
+        "| kproxy | 98.0 | 0.98 (quartiles 0.97 to 0.99; 0.96 to 1.00) | 0.70 |",
+        "| haproxy (tcp) | 100.0 | 1 | 0.50 |",
+        "| floor relay (trio, splice) | 100.0 | 1.00 (quartiles 0.99 to 1.01; 0.98 to "
+        "1.02) | 0.00 |"]
+    assert throughput_pair_row.section({"error": "haproxy is not installed"})[-2] == (
         "- not measured: haproxy is not installed")

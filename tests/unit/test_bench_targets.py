@@ -156,3 +156,34 @@ def test_the_pair_rounds_are_shown_under_each_judged_p99_row_unjudged() -> None:
     assert p99[1].split(" | ")[1] == "+0.08 (quartiles +0.05 to +0.11; +0.02 to +0.40)"
     assert verdicts(p99) == ["**not met**: 0.15 ms over", ALONGSIDE,
                              "**not met**: 0.15 ms over", ALONGSIDE, NOT_JUDGED]
+
+
+def test_the_relays_alone_are_shown_under_the_judged_produce_100_b_row_unjudged() -> None:
+    """The throughput-pair section measures kproxy and a floor relay against haproxy in
+    more rounds; both ratios sit under the judged produce 100 B row, and the verdict
+    stays the main section's."""
+    run = paths([0.97, 0.98, 0.98], [0.0] * 3, 1.0, 1.0)
+
+    def pair_round(kproxy: float, floor: float) -> dict[str, dict[str, float]]:
+        return {"kproxy": {"mb_s": 100.0 * kproxy, "cpu_s": 0.1},
+                "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.1},
+                "floor relay (trio, splice)": {"mb_s": 100.0 * floor, "cpu_s": 0.1}}
+
+    pair = {"rounds": [pair_round(k, f) for k, f in
+                       ((0.96, 0.97), (0.98, 0.99), (1.00, 1.00), (1.01, 0.98), (0.99, 1.02))]}
+    lines = targets(run, [1000], N1K, BASELINE, throughput_pair=pair)
+    rows = [ln for ln in lines if ln.startswith("| throughput")]
+    assert [ln.split(" | ")[0] for ln in rows] == [
+        "| throughput, produce 1 KB: kproxy / haproxy",
+        "| throughput, produce 100 B: kproxy / haproxy",
+        "| throughput, produce 100 B, the relays alone (5 rounds): kproxy / haproxy",
+        "| throughput, produce 100 B, the relays alone (5 rounds): "
+        "floor relay (trio, splice) / haproxy",
+        "| throughput, consume 1 KB: kproxy / haproxy"]
+    assert rows[2].split(" | ")[1] == "0.99 (quartiles 0.98 to 1.00; 0.96 to 1.01)"
+    assert rows[3].split(" | ")[1] == "0.99 (quartiles 0.98 to 1.00; 0.97 to 1.02)"
+    assert verdicts(rows) == ["**not met**: 0.02 short", "**not met**: 0.02 short",
+                              ALONGSIDE, ALONGSIDE, "**not met**: 0.02 short"]
+    # Without the section, the judged rows alone.
+    assert len([ln for ln in targets(run, [1000], N1K, BASELINE)
+                if ln.startswith("| throughput")]) == 3
