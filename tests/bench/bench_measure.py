@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -32,6 +34,21 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workloads import read_exactly, tls_config  # noqa: E402
 
 WORKLOADS = Path(__file__).with_name("workloads.py")
+
+
+@contextlib.contextmanager
+def section_run(out: dict[str, Any]) -> Iterator[list[Callable[[], object]]]:
+    """A section's measurement: what fails is reported in the section (``out["error"]``)
+    and the run goes on to the next; what was started is stopped whatever happens. The
+    caller appends each stop as it starts something; they run last first."""
+    stops: list[Callable[[], object]] = []
+    try:
+        yield stops
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        for stop_one in reversed(stops):
+            stop_one()
 
 
 def raise_fd_limit() -> int:

@@ -50,6 +50,14 @@ def quartiles(vals: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
+def round_summary(vals: list[float], fmt: str = ".2f") -> str:
+    """"median (quartiles q1 to q3; lowest to highest)" of per-round values, each in
+    ``fmt`` ("+.2f" for signed differences)."""
+    q1, q3 = quartiles(vals)
+    return (f"{statistics.median(vals):{fmt}} (quartiles {q1:{fmt}} to {q3:{fmt}}; "
+            f"{min(vals):{fmt}} to {max(vals):{fmt}})")
+
+
 def spread(path: Path_, key: str, field_: str = "mb_s") -> str:
     vals = [r[field_] for r in path.results.get(key, []) if field_ in r]
     return f"{min(vals):.0f}-{max(vals):.0f}" if vals else "-"

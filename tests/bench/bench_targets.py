@@ -23,7 +23,7 @@ import telemetry_p99_row
 import throughput_pair_row
 import workers_row
 from bench_measure import Path_
-from bench_stats import fmt, median, paired, paired_values, quartiles
+from bench_stats import fmt, median, paired, paired_values, quartiles, round_summary
 
 THROUGHPUT = (("produce_1k", "produce 1 KB"), ("produce_100b", "produce 100 B"),
               ("consume", "consume 1 KB"))
@@ -99,7 +99,7 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
                 if pair := throughput_pair_row.ratios(throughput_pair, name):
                     row(f"throughput, {label}, the relays alone ({len(pair)} round"
                         f"{'s' if len(pair) != 1 else ''}): {name} / haproxy",
-                        throughput_pair_row.summary(pair), "-", ALONGSIDE)
+                        round_summary(pair), "-", ALONGSIDE)
     direct = by["direct"]
     for key, label in LATENCY:
         diffs = paired_values(kp, hp, key, "p99_ms", operator.sub)

@@ -31,7 +31,7 @@ import select
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -115,6 +115,26 @@ async def _accept_loop(port: int, upstream: tuple[str, int],
         on_pair(client, _pair(client, upstream))
 
 
+def _close_pair(src: socket.socket, dst: socket.socket) -> None:
+    for s in (src, dst):  # the other direction's wait ends before its fd is reused
+        if s.fileno() != -1:
+            trio.lowlevel.notify_closing(s)
+            s.close()
+
+
+def _run_pumps(port: int, upstream: tuple[str, int],
+               pump: Callable[[socket.socket, socket.socket], Awaitable[None]]) -> None:
+    """trio, two tasks a connection: ``pump`` each way."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            def on_pair(client: socket.socket, up: socket.socket) -> None:
+                nursery.start_soon(pump, client, up)
+                nursery.start_soon(pump, up, client)
+            await _accept_loop(port, upstream, on_pair)
+
+    trio.run(main)
+
+
 def run_trio_lowlevel(port: int, upstream: tuple[str, int]) -> None:
     async def pump(src: socket.socket, dst: socket.socket) -> None:
         buf = bytearray(RECV_BYTES)
@@ -128,19 +148,9 @@ def run_trio_lowlevel(port: int, upstream: tuple[str, int]) -> None:
                 dst.sendall(view[:n])
         except (OSError, trio.ClosedResourceError):
             pass
-        for s in (src, dst):  # the other direction's wait ends before its fd is reused
-            if s.fileno() != -1:
-                trio.lowlevel.notify_closing(s)
-                s.close()
+        _close_pair(src, dst)
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            def on_pair(client: socket.socket, up: socket.socket) -> None:
-                nursery.start_soon(pump, client, up)
-                nursery.start_soon(pump, up, client)
-            await _accept_loop(port, upstream, on_pair)
-
-    trio.run(main)
+    _run_pumps(port, upstream, pump)
 
 
 def run_trio_splice(port: int, upstream: tuple[str, int]) -> None:
@@ -162,19 +172,9 @@ def run_trio_splice(port: int, upstream: tuple[str, int]) -> None:
             pass
         os.close(r)
         os.close(w)
-        for s in (src, dst):  # the other direction's wait ends before its fd is reused
-            if s.fileno() != -1:
-                trio.lowlevel.notify_closing(s)
-                s.close()
+        _close_pair(src, dst)
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            def on_pair(client: socket.socket, up: socket.socket) -> None:
-                nursery.start_soon(pump, client, up)
-                nursery.start_soon(pump, up, client)
-            await _accept_loop(port, upstream, on_pair)
-
-    trio.run(main)
+    _run_pumps(port, upstream, pump)
 
 
 def run_trio_stream(port: int, upstream: tuple[str, int]) -> None:

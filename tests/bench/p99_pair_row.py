@@ -13,6 +13,7 @@ within each round.
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import sys
@@ -21,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import create_topic, workload
-from bench_stats import quartiles
+from bench_measure import create_topic, section_run, workload
+from bench_stats import round_summary
 from tls_row import haproxy, kproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +45,18 @@ def rounds_for(reps: int) -> int:
 
 def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"seconds": seconds, "rate": RATE, "rounds": []}
-    procs: list[Any] = []
     hp_port = free_port()
     brokers = {"kproxy": TansuBroker(log_path=work / "broker-p99-kproxy.log"),
                "haproxy (tcp)": TansuBroker(port=free_port(), advertised=f"127.0.0.1:{hp_port}",
                                             log_path=work / "broker-p99-haproxy.log")}
-    try:
+    with section_run(out) as stops:
         for broker in brokers.values():
+            stops.append(broker.stop)
             broker.start()
         kp, kp_port = kproxy(work, "p99-pair", brokers["kproxy"].bootstrap, [])
-        procs = [kp, haproxy(work, "p99-pair", hp_port, brokers["haproxy (tcp)"].bootstrap)]
+        stops.append(functools.partial(stop_process, kp))
+        hp = haproxy(work, "p99-pair", hp_port, brokers["haproxy (tcp)"].bootstrap)
+        stops.append(functools.partial(stop_process, hp))
         bootstraps = {"kproxy": f"127.0.0.1:{kp_port}", "haproxy (tcp)": f"127.0.0.1:{hp_port}"}
         topic = f"p99-{uuid.uuid4().hex[:8]}"
         for bootstrap in bootstraps.values():
@@ -73,13 +76,6 @@ def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
                     print(f"p99-pair round {rep + 1}/{count} {kind} {name}: "
                           f"{result[kind][name]}", flush=True)
             out["rounds"].append(result)
-    except Exception as exc:  # reported in the section, as the other rows do
-        out["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        for broker in brokers.values():
-            broker.stop()
     return out
 
 
@@ -92,9 +88,7 @@ def differences(data: dict[str, Any] | None, kind: str) -> list[float]:
 
 def summary(diffs: list[float]) -> str:
     """"median (quartiles q1 to q3; lowest to highest)", signed, in ms."""
-    q1, q3 = quartiles(diffs)
-    return (f"{statistics.median(diffs):+.2f} (quartiles {q1:+.2f} to {q3:+.2f}; "
-            f"{min(diffs):+.2f} to {max(diffs):+.2f})")
+    return round_summary(diffs, "+.2f")
 
 
 def section(data: dict[str, Any] | None) -> list[str]:

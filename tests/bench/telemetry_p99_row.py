@@ -15,6 +15,7 @@ p99s' differences taken within each round.
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import create_topic, workload
+from bench_measure import create_topic, section_run, workload
 from tls_row import kproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,36 +46,30 @@ FAST, DEFAULT = list(PATHS)[1:]
 
 def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"seconds": seconds, "rate": RATE, "rounds": []}
-    procs = []
-    with TansuBroker(log_path=work / "broker-telemetry-p99.log") as broker:
-        try:
-            bootstraps = {}
-            for name, flags in PATHS.items():
-                if flags is None:
-                    bootstraps[name] = broker.bootstrap
-                    continue
-                proc, port = kproxy(work, f"tp99-{len(procs)}", broker.bootstrap, flags)
-                procs.append(proc)
-                bootstraps[name] = f"127.0.0.1:{port}"
-            topic = f"tp99-{uuid.uuid4().hex[:8]}"
-            create_topic(broker.bootstrap, topic)
-            rnd = random.Random(30)
-            for rep in range(reps):
-                order = list(bootstraps)
-                rnd.shuffle(order)
-                result = {}
-                for name in order:
-                    r = workload("produce_latency", bootstraps[name], rate=RATE,
-                                 seconds=seconds, topic=topic)
-                    result[name] = {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"]}
-                    print(f"telemetry-p99 rep {rep + 1}/{reps} {name}: {result[name]}",
-                          flush=True)
-                out["rounds"].append(result)
-        except Exception as exc:  # reported in the section, as the other rows do
-            out["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        finally:
-            for proc in procs:
-                stop_process(proc)
+    with TansuBroker(log_path=work / "broker-telemetry-p99.log") as broker, \
+            section_run(out) as stops:
+        bootstraps = {}
+        for i, (name, flags) in enumerate(PATHS.items()):
+            if flags is None:
+                bootstraps[name] = broker.bootstrap
+                continue
+            proc, port = kproxy(work, f"tp99-{i - 1}", broker.bootstrap, flags)
+            stops.append(functools.partial(stop_process, proc))
+            bootstraps[name] = f"127.0.0.1:{port}"
+        topic = f"tp99-{uuid.uuid4().hex[:8]}"
+        create_topic(broker.bootstrap, topic)
+        rnd = random.Random(30)
+        for rep in range(reps):
+            order = list(bootstraps)
+            rnd.shuffle(order)
+            result = {}
+            for name in order:
+                r = workload("produce_latency", bootstraps[name], rate=RATE,
+                             seconds=seconds, topic=topic)
+                result[name] = {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"]}
+                print(f"telemetry-p99 rep {rep + 1}/{reps} {name}: {result[name]}",
+                      flush=True)
+            out["rounds"].append(result)
     return out
 
 

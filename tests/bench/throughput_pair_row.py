@@ -15,15 +15,17 @@ relay that costs no more than haproxy reads that, not 1.00 exactly.
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_measure import Path_, create_topic, start, workload
-from bench_stats import quartiles
+from bench_measure import Path_, create_topic, section_run, start, workload
+from bench_stats import round_summary
 from p99_pair_row import rounds_for
 from tls_row import haproxy, kproxy
 
@@ -39,37 +41,36 @@ FLOOR = "floor relay (trio, splice)"
 PATHS = ("kproxy", "haproxy (tcp)", FLOOR)
 
 
-def _start(work: Path) -> tuple[list[Path_], list[TansuBroker]]:
+def _start(work: Path, stops: list[Callable[[], object]]) -> list[Path_]:
     """The three relays, each in front of a broker of its own (haproxy's and the floor
-    relay's advertise the relay's port: neither rewrites addresses)."""
-    brokers: list[TansuBroker] = []
+    relay's advertise the relay's port: neither rewrites addresses); each one's stop
+    goes into ``stops`` as it starts."""
     paths: list[Path_] = []
-    broker = TansuBroker(log_path=work / "broker-tput-kproxy.log")
-    brokers.append(broker)
-    broker.start()
-    proc, port = kproxy(work, "tput", broker.bootstrap, [])
-    paths.append(Path_("kproxy", f"127.0.0.1:{port}", proc))
     script = str(Path(__file__).with_name("floor_relays.py"))
-    for name in PATHS[1:]:
-        port = free_port()
-        broker = TansuBroker(port=free_port(), advertised=f"127.0.0.1:{port}",
-                             log_path=work / f"broker-tput-{name.split()[0]}.log")
-        brokers.append(broker)
+    for name in PATHS:
+        port = free_port()  # the relay's (kproxy picks its own)
+        broker = (TansuBroker(log_path=work / "broker-tput-kproxy.log") if name == "kproxy"
+                  else TansuBroker(port=free_port(), advertised=f"127.0.0.1:{port}",
+                                   log_path=work / f"broker-tput-{name.split()[0]}.log"))
+        stops.append(broker.stop)
         broker.start()
-        proc = (haproxy(work, "tput", port, broker.bootstrap) if name == "haproxy (tcp)"
-                else start([sys.executable, script, "trio-splice", str(port),
-                            broker.bootstrap], port, work / "floor-tput.log"))
+        if name == "kproxy":
+            proc, port = kproxy(work, "tput", broker.bootstrap, [])
+        elif name == "haproxy (tcp)":
+            proc = haproxy(work, "tput", port, broker.bootstrap)
+        else:
+            proc = start([sys.executable, script, "trio-splice", str(port), broker.bootstrap],
+                         port, work / "floor-tput.log")
+        stops.append(functools.partial(stop_process, proc))
         paths.append(Path_(name, f"127.0.0.1:{port}", proc))
-    return paths, brokers
+    return paths
 
 
 def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
     """Per round and relay: MB/s and the relay's CPU seconds over its workload."""
     out: dict[str, Any] = {"count": int(count), "size": SIZE, "rounds": []}
-    paths: list[Path_] = []
-    brokers: list[TansuBroker] = []
-    try:
-        paths, brokers = _start(work)
+    with section_run(out) as stops:
+        paths = _start(work, stops)
         topic = f"tput-{uuid.uuid4().hex[:8]}"
         for p in paths:
             create_topic(p.bootstrap, topic)
@@ -87,14 +88,6 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
                 print(f"throughput-pair round {rep + 1}/{total} {p.name}: {result[p.name]}",
                       flush=True)
             out["rounds"].append(result)
-    except Exception as exc:  # reported in the section, as the other rows do
-        out["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    finally:
-        for p in paths:
-            if p.process is not None:
-                stop_process(p.process)
-        for broker in brokers:
-            broker.stop()
     return out
 
 
@@ -103,13 +96,6 @@ def ratios(data: dict[str, Any] | None, name: str) -> list[float]:
     return [r[name]["mb_s"] / r["haproxy (tcp)"]["mb_s"]
             for r in (data or {}).get("rounds") or []
             if name in r and "haproxy (tcp)" in r]
-
-
-def summary(values: list[float]) -> str:
-    """"median (quartiles q1 to q3; lowest to highest)"."""
-    q1, q3 = quartiles(values)
-    return (f"{statistics.median(values):.2f} (quartiles {q1:.2f} to {q3:.2f}; "
-            f"{min(values):.2f} to {max(values):.2f})")
 
 
 def section(data: dict[str, Any] | None) -> list[str]:
@@ -124,7 +110,7 @@ def section(data: dict[str, Any] | None) -> list[str]:
         runs = [r[name] for r in rounds if name in r]
         if not runs:
             continue
-        ratio = summary(ratios(data, name)) if name != "haproxy (tcp)" else "1"
+        ratio = round_summary(ratios(data, name)) if name != "haproxy (tcp)" else "1"
         lines.append(f"| {name} | {statistics.median(r['mb_s'] for r in runs):.1f} "
                      f"| {ratio} | {statistics.median(r['cpu_s'] for r in runs) / gb:.2f} |")
     lines += ["", f"{len(rounds)} round(s); each: {data['count']:,} messages of "
