@@ -9,10 +9,12 @@ trust it.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_measure import Path_
@@ -56,6 +58,25 @@ def round_summary(vals: list[float], fmt: str = ".2f") -> str:
     q1, q3 = quartiles(vals)
     return (f"{statistics.median(vals):{fmt}} (quartiles {q1:{fmt}} to {q3:{fmt}}; "
             f"{min(vals):{fmt}} to {max(vals):{fmt}})")
+
+
+SectionBody = Callable[[dict[str, Any]], list[str]]
+Section = Callable[[dict[str, Any] | None], list[str]]
+
+
+def measured_section(heading: str, key: str = "rounds") -> Callable[[SectionBody], Section]:
+    """A section of the report: ``heading``, then what the decorated function makes of
+    the section's data; or, when nothing was measured under ``key``, its error (or "no
+    rounds") in its place."""
+    def wrap(body: SectionBody) -> Section:
+        @functools.wraps(body)
+        def section(data: dict[str, Any] | None) -> list[str]:
+            if not data or data.get("error") or not data.get(key):
+                return [heading, "",
+                        f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
+            return [heading, "", *body(data)]
+        return section
+    return wrap
 
 
 def spread(path: Path_, key: str, field_: str = "mb_s") -> str:

@@ -40,6 +40,11 @@ NOT_JUDGED = "reported, not judged: no other path terminates telemetry"
 ALONGSIDE = "reported beside the judged row above, not judged"
 
 
+def _rounds(values: list[float]) -> str:
+    """"1 round", "15 rounds": how many a figure beside a judged row comes from."""
+    return f"{len(values)} round{'s' if len(values) != 1 else ''}"
+
+
 def idle_kb(path: Path_ | None, counts: list[int]) -> tuple[float, int] | None:
     """KB of proxy memory per idle connection pair, at the largest count measured."""
     idle = path.results.get("idle", [{}])[0] if path else {}
@@ -97,8 +102,8 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
         if key == "produce_100b":
             for name in ("kproxy", throughput_pair_row.FLOOR):
                 if pair := throughput_pair_row.ratios(throughput_pair, name):
-                    row(f"throughput, {label}, the relays alone ({len(pair)} round"
-                        f"{'s' if len(pair) != 1 else ''}): {name} / haproxy",
+                    row(f"throughput, {label}, the relays alone ({_rounds(pair)}): "
+                        f"{name} / haproxy",
                         round_summary(pair), "-", ALONGSIDE)
     direct = by["direct"]
     for key, label in LATENCY:
@@ -107,14 +112,13 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
         k_added = paired(kp, direct, key, "p99_ms", operator.sub)
         h_added = paired(hp, direct, key, "p99_ms", operator.sub)
         # The quartiles show how far one run's p99 can move: the verdict is the median's.
-        q1, q3 = quartiles(diffs) if diffs else (None, None)
+        lo, hi = quartiles(diffs) if diffs else (None, None)
         row(f"p99 added at 1,000/s, {label}: kproxy - haproxy (ms)",
-            f"{signed(diff)} (quartiles {signed(q1)} to {signed(q3)}; over direct: "
+            f"{signed(diff)} (quartiles {signed(lo)} to {signed(hi)}; over direct: "
             f"kproxy {signed(k_added)}, haproxy {signed(h_added)})",
             f"<= {P99_SLACK_MS:.2f}", verdict(diff, P99_SLACK_MS, True, " ms"))
         if pair := p99_pair_row.differences(p99_pair, key):
-            rounds = f"{len(pair)} round{'s' if len(pair) != 1 else ''}"
-            row(f"p99 added at 1,000/s, {label}, the two proxies alone ({rounds}): "
+            row(f"p99 added at 1,000/s, {label}, the two proxies alone ({_rounds(pair)}): "
                 "kproxy - haproxy (ms)", p99_pair_row.summary(pair), "-", ALONGSIDE)
     # Not a target: the paths above run kproxy's default telemetry settings (a push a
     # minute); this is what clients pushing every 100 ms add on top, shown beside them.

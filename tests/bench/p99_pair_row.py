@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_measure import create_topic, section_run, workload
-from bench_stats import round_summary
+from bench_stats import measured_section, round_summary
 from tls_row import haproxy, kproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,10 +91,9 @@ def summary(diffs: list[float]) -> str:
     return round_summary(diffs, "+.2f")
 
 
-def section(data: dict[str, Any] | None) -> list[str]:
-    lines = [HEADING, ""]
-    if not data or data.get("error") or not data.get("rounds"):
-        return [*lines, f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
+@measured_section(HEADING)
+def section(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     rounds = data["rounds"]
     lines += ["| workload | kproxy p50 / p99 (ms) | haproxy p50 / p99 (ms) | kproxy - "
               "haproxy p99, per round: median (quartiles; lowest to highest) (ms) |",

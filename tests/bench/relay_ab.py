@@ -21,7 +21,7 @@ from typing import Any
 
 from baseline_ab import side_by_side
 from bench_measure import Path_, create_topic, workload
-from bench_stats import fmt, median_range
+from bench_stats import fmt, measured_section, median_range
 
 # The last commit before the sans-IO connection core (ca55cc3) that runs: its child
 # 31e8050 lost proxy/local_answers.py, which its server still imports. The telemetry
@@ -61,10 +61,9 @@ def ratios(data: dict[str, Any], key: str) -> list[float]:
             if b[key]]
 
 
-def section(data: dict[str, Any] | None) -> list[str]:
-    lines = [HEADING, ""]
-    if not data or data.get("error") or not data.get("current"):
-        return [*lines, f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
+@measured_section(HEADING, "current")
+def section(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     base = data["baseline_commit"][:7]
     lines += [f"| figure | this tree ({data['current_commit']}) | {base} | ratio, median "
               "(lowest-highest) | within noise |", "|---|---|---|---|---|"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_measure import Path_, start, workload
-from bench_stats import median_range
+from bench_stats import measured_section, median_range
 from tls_row import haproxy, kproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,10 +94,9 @@ def medians(data: dict[str, Any]) -> dict[str, float]:
             for name, rounds in data.get("rounds", {}).items()}
 
 
-def section(data: dict[str, Any] | None) -> list[str]:
-    lines = [HEADING, ""]
-    if not data or data.get("error") or not data.get("rounds"):
-        return [*lines, f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
+@measured_section(HEADING)
+def section(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     rounds = data["rounds"]
     cpu = medians(data)
     ref = rounds.get("haproxy")

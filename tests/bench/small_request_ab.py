@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from baseline_ab import side_by_side
 from bench_measure import Path_, create_topic, workload
-from bench_stats import median_range
+from bench_stats import measured_section, median_range
 
 BASELINE = "3ff5d17"  # main before issue 30's second deliverable
 HEADING = "## A small request's cost"
@@ -70,10 +70,9 @@ def current_ms(data: dict[str, Any] | None, kind: str) -> float | None:
     return statistics.median(r[KINDS[kind][1]] for r in data["current"])
 
 
-def section(data: dict[str, Any] | None) -> list[str]:
-    lines = [HEADING, ""]
-    if not data or data.get("error") or not data.get("current"):
-        return [*lines, f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
+@measured_section(HEADING, "current")
+def section(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     base = data["baseline_commit"][:7]
     lines += [f"| proxy CPU per request at 1,000/s (ms) | this tree ({data['current_commit']})"
               f" | {base} | ratio, median (lowest-highest) | p99 this tree / {base} (ms) |",

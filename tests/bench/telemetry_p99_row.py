@@ -25,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_measure import create_topic, section_run, workload
+from bench_stats import measured_section
 from tls_row import kproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,10 +74,9 @@ def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
     return out
 
 
-def section(data: dict[str, Any] | None) -> list[str]:
-    lines = [HEADING, ""]
-    if not data or data.get("error") or not data.get("rounds"):
-        return [*lines, f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
+@measured_section(HEADING)
+def section(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     rounds = data["rounds"]
     lines += ["| path | p50 (ms) | p99 (ms) | p99 added over direct, per round: median "
               "(lowest-highest) (ms) |", "|---|---|---|---|"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_measure import Path_, create_topic, section_run, start, workload
-from bench_stats import round_summary
+from bench_stats import measured_section, round_summary
 from p99_pair_row import rounds_for
 from tls_row import haproxy, kproxy
 
@@ -98,10 +98,9 @@ def ratios(data: dict[str, Any] | None, name: str) -> list[float]:
             if name in r and "haproxy (tcp)" in r]
 
 
-def section(data: dict[str, Any] | None) -> list[str]:
-    lines = [HEADING, ""]
-    if not data or data.get("error") or not data.get("rounds"):
-        return [*lines, f"- not measured: {(data or {}).get('error', 'no rounds')}", ""]
+@measured_section(HEADING)
+def section(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     rounds = data["rounds"]
     gb = data["count"] * data["size"] / 1e9
     lines += ["| relay | MB/s, median | / haproxy, per round: median (quartiles; lowest "
