@@ -99,12 +99,10 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
                   else f"**not met**: {1 - mid:.2f} short")
         row(f"throughput, {label}: kproxy / haproxy", f"{mid:.2f} ({q1:.2f}-{q3:.2f})",
             ">= 1.00", result)
-        if key == "produce_100b":
-            for name in ("kproxy", throughput_pair_row.FLOOR):
-                if pair := throughput_pair_row.ratios(throughput_pair, name):
-                    row(f"throughput, {label}, the relays alone ({_rounds(pair)}): "
-                        f"{name} / haproxy",
-                        round_summary(pair), "-", ALONGSIDE)
+        for name in ("kproxy", throughput_pair_row.FLOOR):
+            if pair := throughput_pair_row.ratios(throughput_pair, key, name):
+                row(f"throughput, {label}, the relays alone ({_rounds(pair)}): "
+                    f"{name} / haproxy", round_summary(pair), "-", ALONGSIDE)
     direct = by["direct"]
     for key, label in LATENCY:
         diffs = paired_values(kp, hp, key, "p99_ms", operator.sub)

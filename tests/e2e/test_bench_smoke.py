@@ -34,34 +34,33 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## What the event loop costs a small request",
                     "## Telemetry pushes and the small-produce p99",
                     "## The p99 added over haproxy, the two proxies alone",
-                    "## Produce 100 B throughput, the relays alone",
+                    "## Throughput, the relays alone",
                     "## /metrics of a large fleet at 1 and 2 workers"):
         assert section in text
     # Issues 19's, 29's and 30's targets, each with a verdict (a smoke run's figures decide
     # nothing, but every one is measured: no "-").
     rows = text[text.index("## Targets"):].split("\n\n")[1].splitlines()[2:]
-    wanted = ["throughput, produce 1 KB: kproxy / haproxy",
-              "throughput, produce 100 B: kproxy / haproxy",
-              "throughput, produce 100 B, the relays alone (1 round): kproxy / haproxy",
-              "throughput, produce 100 B, the relays alone (1 round): floor relay (trio, "
-              "splice) / haproxy",
-              "throughput, consume 1 KB: kproxy / haproxy",
-              "p99 added at 1,000/s, small produce: kproxy - haproxy",
-              "p99 added at 1,000/s, small produce, the two proxies alone (1 round): "
-              "kproxy - haproxy",
-              "p99 added at 1,000/s, Metadata: kproxy - haproxy",
-              "p99 added at 1,000/s, Metadata, the two proxies alone (1 round): "
-              "kproxy - haproxy",
-              "p99 added at 1,000/s, small produce, by pushes every 100 ms instead of the "
-              "default: kproxy - kproxy",
-              "CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
-              "CPU s per GB relayed (consume 1 KB): kproxy / haproxy",
-              "proxy memory per idle connection pair (KB)",
-              "telemetry pushes per CPU-second: this tree / d1cc828",
-              "proxy CPU per single-message produce at 1,000/s (ms)",
-              "proxy CPU per Metadata round trip at 1,000/s (ms)",
-              "longest loop slice of a /metrics scrape, CPU (ms)",
-              "/metrics scrape of 5,000 client series: 2 workers / 1 worker"]
+    wanted = [row for label in ("produce 1 KB", "produce 100 B", "consume 1 KB") for row in (
+        f"throughput, {label}: kproxy / haproxy",
+        f"throughput, {label}, the relays alone (1 round): kproxy / haproxy",
+        f"throughput, {label}, the relays alone (1 round): floor relay (trio, splice) / "
+        "haproxy")]
+    wanted += ["p99 added at 1,000/s, small produce: kproxy - haproxy",
+               "p99 added at 1,000/s, small produce, the two proxies alone (1 round): "
+               "kproxy - haproxy",
+               "p99 added at 1,000/s, Metadata: kproxy - haproxy",
+               "p99 added at 1,000/s, Metadata, the two proxies alone (1 round): "
+               "kproxy - haproxy",
+               "p99 added at 1,000/s, small produce, by pushes every 100 ms instead of the "
+               "default: kproxy - kproxy",
+               "CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
+               "CPU s per GB relayed (consume 1 KB): kproxy / haproxy",
+               "proxy memory per idle connection pair (KB)",
+               "telemetry pushes per CPU-second: this tree / d1cc828",
+               "proxy CPU per single-message produce at 1,000/s (ms)",
+               "proxy CPU per Metadata round trip at 1,000/s (ms)",
+               "longest loop slice of a /metrics scrape, CPU (ms)",
+               "/metrics scrape of 5,000 client series: 2 workers / 1 worker"]
     results = json.loads(js.read_text())
     # A smoke run's relay may take less than one clock tick (10 ms) of CPU: no ratio then.
     def ticked(key: str) -> bool:
@@ -109,11 +108,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert "error" not in pair and len(pair["rounds"]) == 1, pair
     assert all(r["p99_ms"] > 0 for kind in pair["rounds"][0].values()
                for r in kind.values()) and len(pair["rounds"][0]) == 2, pair
-    # The three relays of the throughput pair each produced every message.
+    # The three relays of the throughput pair each produced every message and read every
+    # one back (a consume that fell short would have ended the section with an error).
     tput = results["throughput_pair"]
     assert "error" not in tput and len(tput["rounds"]) == 1, tput
-    assert set(tput["rounds"][0]) == {"kproxy", "haproxy (tcp)", "floor relay (trio, splice)"}
-    assert all(r["mb_s"] > 0 and r["failures"] == 0 for r in tput["rounds"][0].values()), tput
+    assert set(tput["rounds"][0]) == {"produce_1k", "produce_100b", "consume"}, tput
+    for kind in tput["rounds"][0].values():
+        assert set(kind) == {"kproxy", "haproxy (tcp)", "floor relay (trio, splice)"}, tput
+        assert all(r["mb_s"] > 0 and r["failures"] == 0 for r in kind.values()), tput
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):

@@ -77,20 +77,28 @@ def test_p99_pair_section_gives_each_workload_its_per_round_differences() -> Non
         "- not measured: haproxy is not installed")
 
 
-def test_throughput_pair_section_gives_each_relay_its_ratio_and_cpu_per_gb() -> None:
+def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu() -> None:
     def relays(kproxy: float, floor: float) -> dict[str, dict[str, float]]:
         return {"kproxy": {"mb_s": kproxy, "cpu_s": 0.07},
                 "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.05},
                 throughput_pair_row.FLOOR: {"mb_s": floor, "cpu_s": 0.0}}
 
-    data = {"count": 1_000_000, "size": 100,
-            "rounds": [relays(k, f) for k, f in ((97.0, 99.0), (99.0, 101.0), (98.0, 100.0),
-                                                 (96.0, 98.0), (100.0, 102.0))]}
+    given = ((97.0, 99.0), (99.0, 101.0), (98.0, 100.0), (96.0, 98.0), (100.0, 102.0))
+    data = {"counts": {"produce_1k": 250_000, "produce_100b": 1_000_000, "consume": 250_000},
+            "rounds": [{kind: relays(k, f) for kind in throughput_pair_row.WORKLOADS}
+                       for k, f in given]}
     rows = [ln for ln in throughput_pair_row.section(data) if ln.startswith("| ")][1:]
-    assert rows == [
-        "| kproxy | 98.0 | 0.98 (quartiles 0.97 to 0.99; 0.96 to 1.00) | 0.70 |",
-        "| haproxy (tcp) | 100.0 | 1 | 0.50 |",
-        "| floor relay (trio, splice) | 100.0 | 1.00 (quartiles 0.99 to 1.01; 0.98 to "
-        "1.02) | 0.00 |"]
+    # CPU per GB: 0.07 s over 256 MB (1 KB workloads) or 100 MB (100 B).
+    expected = []
+    for label, gb in (("produce 1 KB", 0.256), ("produce 100 B", 0.1), ("consume 1 KB", 0.256)):
+        expected += [
+            f"| {label} | kproxy | 98.0 | 0.98 (quartiles 0.97 to 0.99; 0.96 to 1.00) "
+            f"| {0.07 / gb:.2f} |",
+            f"| {label} | haproxy (tcp) | 100.0 | 1 | {0.05 / gb:.2f} |",
+            f"| {label} | floor relay (trio, splice) | 100.0 | 1.00 (quartiles 0.99 to 1.01; "
+            "0.98 to 1.02) | 0.00 |"]
+    assert rows == expected
+    assert "250,000 messages of 1 KB and 1,000,000 of 100 B" in "".join(
+        throughput_pair_row.section(data))
     assert throughput_pair_row.section({"error": "haproxy is not installed"})[-2] == (
         "- not measured: haproxy is not installed")
