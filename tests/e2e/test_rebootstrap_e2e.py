@@ -130,15 +130,23 @@ def swap(blue: TansuBroker, green: TansuBroker, tmp_path: Path,
             if msg is not None and not msg.error():
                 consumed.append(int(msg.value()))
 
-        sp.run(6.0, read_some)
-        assert sp.delivered and consumed, "no traffic through the proxy before the swap"
-        cfg.write_text(f'upstream = "{green.bootstrap}"\n')
-        swapped_at = time.monotonic()
-        kp.signal(signal.SIGHUP)
-        sent_before_swap = sp.seq
-        sp.run(15.0, read_some)
-        sp.producer.flush(45)  # past message.timeout.ms: every message resolved
-        consumer.close()
+        try:
+            sp.run(6.0, read_some)
+            assert sp.delivered and consumed, "no traffic through the proxy before the swap"
+            cfg.write_text(f'upstream = "{green.bootstrap}"\n')
+            swapped_at = time.monotonic()
+            kp.signal(signal.SIGHUP)
+            sent_before_swap = sp.seq
+            sp.run(15.0, read_some)
+            sp.producer.flush(45)  # past message.timeout.ms: every message resolved
+        finally:
+            # Closed whatever happened: a client error raised above (the idempotent
+            # producer's fatal one) keeps this frame, and so both clients, alive in
+            # the traceback pytest holds on to, retrying the stopped proxy for the
+            # rest of the session.
+            consumer.close()
+            sp.producer.purge()
+            sp.producer.close()
         _, metrics = kp.http_get("/metrics")
         delivered = {v: t for v, (t, _) in sp.delivered.items()}
         return {"seq": sp.seq, "delivered": delivered, "failed": sp.failed,
