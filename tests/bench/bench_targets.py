@@ -99,7 +99,7 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
                   else f"**not met**: {1 - mid:.2f} short")
         row(f"throughput, {label}: kproxy / haproxy", f"{mid:.2f} ({q1:.2f}-{q3:.2f})",
             ">= 1.00", result)
-        for name in ("kproxy", throughput_pair_row.FLOOR):
+        for name in ("kproxy", p99_pair_row.FLOOR):
             if pair := throughput_pair_row.ratios(throughput_pair, key, name):
                 row(f"throughput, {label}, the relays alone ({_rounds(pair)}): "
                     f"{name} / haproxy", round_summary(pair), "-", ALONGSIDE)

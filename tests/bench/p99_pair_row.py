@@ -18,11 +18,12 @@ import random
 import statistics
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import create_topic, section_run, workload
+from bench_measure import Path_, create_topic, section_run, start, workload
 from bench_stats import measured_section, round_summary
 from tls_row import haproxy, kproxy
 
@@ -35,6 +36,7 @@ from tests.support import stop_process  # noqa: E402
 HEADING = "## The p99 added over haproxy, the two proxies alone"
 RATE = 1000
 PATHS = ("kproxy", "haproxy (tcp)")
+FLOOR = "floor relay (trio, splice)"  # floor_relays.py trio-splice: splice, no Kafka code
 KINDS = (("produce_latency", "small produce"), ("metadata_latency", "Metadata"))
 
 
@@ -43,21 +45,43 @@ def rounds_for(reps: int) -> int:
     return 1 if reps <= 1 else 2 * reps + 1
 
 
+def relays_alone(work: Path, tag: str, names: tuple[str, ...],
+                 stops: list[Callable[[], object]]) -> tuple[list[Path_], list[TansuBroker]]:
+    """The relays ``names`` ("kproxy", "haproxy (tcp)", ``FLOOR``), each in front of a
+    broker of its own (haproxy's and the floor relay's advertise the relay's port:
+    neither rewrites addresses), and the brokers; each one's stop goes into ``stops``
+    as it starts. kproxy runs ``--workers 1`` at its default settings."""
+    paths: list[Path_] = []
+    brokers: list[TansuBroker] = []
+    for name in names:
+        port = free_port()  # the relay's (kproxy picks its own)
+        log = work / f"broker-{tag}-{name.split()[0]}.log"
+        broker = (TansuBroker(log_path=log) if name == "kproxy"
+                  else TansuBroker(port=free_port(), advertised=f"127.0.0.1:{port}",
+                                   log_path=log))
+        stops.append(broker.stop)
+        broker.start()
+        brokers.append(broker)
+        if name == "kproxy":
+            proc, port = kproxy(work, tag, broker.bootstrap, [])
+        elif name == "haproxy (tcp)":
+            proc = haproxy(work, tag, port, broker.bootstrap)
+        elif name == FLOOR:
+            proc = start([sys.executable, str(Path(__file__).with_name("floor_relays.py")),
+                          "trio-splice", str(port), broker.bootstrap],
+                         port, work / f"floor-{tag}.log")
+        else:
+            raise ValueError(f"no such relay: {name}")
+        stops.append(functools.partial(stop_process, proc))
+        paths.append(Path_(name, f"127.0.0.1:{port}", proc))
+    return paths, brokers
+
+
 def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"seconds": seconds, "rate": RATE, "rounds": []}
-    hp_port = free_port()
-    brokers = {"kproxy": TansuBroker(log_path=work / "broker-p99-kproxy.log"),
-               "haproxy (tcp)": TansuBroker(port=free_port(), advertised=f"127.0.0.1:{hp_port}",
-                                            log_path=work / "broker-p99-haproxy.log")}
     with section_run(out) as stops:
-        for broker in brokers.values():
-            stops.append(broker.stop)
-            broker.start()
-        kp, kp_port = kproxy(work, "p99-pair", brokers["kproxy"].bootstrap, [])
-        stops.append(functools.partial(stop_process, kp))
-        hp = haproxy(work, "p99-pair", hp_port, brokers["haproxy (tcp)"].bootstrap)
-        stops.append(functools.partial(stop_process, hp))
-        bootstraps = {"kproxy": f"127.0.0.1:{kp_port}", "haproxy (tcp)": f"127.0.0.1:{hp_port}"}
+        paths, _ = relays_alone(work, "p99", PATHS, stops)
+        bootstraps = {p.name: p.bootstrap for p in paths}
         topic = f"p99-{uuid.uuid4().hex[:8]}"
         for bootstrap in bootstraps.values():
             create_topic(bootstrap, topic)

@@ -18,27 +18,16 @@ haproxy is the resolution: a relay that costs no more than haproxy reads that, n
 
 from __future__ import annotations
 
-import functools
 import random
 import statistics
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_measure import Path_, create_topic, section_run, start, workload
+from bench_measure import Path_, create_topic, section_run, workload
 from bench_stats import measured_section, round_summary
-from p99_pair_row import rounds_for
-from tls_row import haproxy, kproxy
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from kproxy.embedded_broker import TansuBroker, free_port  # noqa: E402
-from tests.support import stop_process  # noqa: E402
+from p99_pair_row import FLOOR, relays_alone, rounds_for
 
 HEADING = "## Throughput, the relays alone"
-FLOOR = "floor relay (trio, splice)"
 PATHS = ("kproxy", "haproxy (tcp)", FLOOR)
 # The main section's workloads, under its keys: (label, message size, topic). As there,
 # a produce 1 KB round sends a quarter as many messages as a produce 100 B round; consume
@@ -46,34 +35,6 @@ PATHS = ("kproxy", "haproxy (tcp)", FLOOR)
 WORKLOADS = {"produce_1k": ("produce 1 KB", 1024, "tput-1k"),
              "produce_100b": ("produce 100 B", 100, "tput-100b"),
              "consume": ("consume 1 KB", 1024, "tput-1k")}
-
-
-def _start(work: Path, stops: list[Callable[[], object]]
-           ) -> tuple[list[Path_], list[TansuBroker]]:
-    """The three relays, each in front of a broker of its own (haproxy's and the floor
-    relay's advertise the relay's port: neither rewrites addresses), and the brokers;
-    each one's stop goes into ``stops`` as it starts."""
-    paths: list[Path_] = []
-    brokers: list[TansuBroker] = []
-    script = str(Path(__file__).with_name("floor_relays.py"))
-    for name in PATHS:
-        port = free_port()  # the relay's (kproxy picks its own)
-        broker = (TansuBroker(log_path=work / "broker-tput-kproxy.log") if name == "kproxy"
-                  else TansuBroker(port=free_port(), advertised=f"127.0.0.1:{port}",
-                                   log_path=work / f"broker-tput-{name.split()[0]}.log"))
-        stops.append(broker.stop)
-        broker.start()
-        brokers.append(broker)
-        if name == "kproxy":
-            proc, port = kproxy(work, "tput", broker.bootstrap, [])
-        elif name == "haproxy (tcp)":
-            proc = haproxy(work, "tput", port, broker.bootstrap)
-        else:
-            proc = start([sys.executable, script, "trio-splice", str(port), broker.bootstrap],
-                         port, work / "floor-tput.log")
-        stops.append(functools.partial(stop_process, proc))
-        paths.append(Path_(name, f"127.0.0.1:{port}", proc))
-    return paths, brokers
 
 
 def _run(kind: str, path: Path_, counts: dict[str, int]) -> dict[str, float]:
@@ -99,7 +60,7 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
               "consume": int(count) // 4}
     out: dict[str, Any] = {"counts": counts, "rounds": []}
     with section_run(out) as stops:
-        paths, brokers = _start(work, stops)
+        paths, brokers = relays_alone(work, "tput", PATHS, stops)
         rnd = random.Random(100)
         total = rounds_for(reps)
         for rep in range(total):

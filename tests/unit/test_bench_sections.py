@@ -81,7 +81,7 @@ def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu
     def relays(kproxy: float, floor: float) -> dict[str, dict[str, float]]:
         return {"kproxy": {"mb_s": kproxy, "cpu_s": 0.07},
                 "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.05},
-                throughput_pair_row.FLOOR: {"mb_s": floor, "cpu_s": 0.0}}
+                p99_pair_row.FLOOR: {"mb_s": floor, "cpu_s": 0.0}}
 
     given = ((97.0, 99.0), (99.0, 101.0), (98.0, 100.0), (96.0, 98.0), (100.0, 102.0))
     data = {"counts": {"produce_1k": 250_000, "produce_100b": 1_000_000, "consume": 250_000},
