@@ -28,7 +28,9 @@ from kproxy.embedded_broker import TansuBroker
 from kproxy.policies.filters.record_validation import RecordValidation, json_check, load_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.bench.bench_measure import Path_, create_topic, workload
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_measure import Path_, create_topic, workload
+
 from tests.support import kproxy_process
 
 SCHEMA = {"type": "object", "required": ["id", "name", "tags"],

@@ -52,7 +52,7 @@ def one_run(broker: TansuBroker, tmp: Path, tracking: str, n: int, size: int) ->
                       "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
                       "enable.partition.eof": True})
         c.subscribe([topic])
-        got, eof = 0, set()
+        got, eof = 0, set[int | None]()
         deadline = time.monotonic() + 300
         while (got < n or len(eof) < 4) and time.monotonic() < deadline:
             for msg in c.consume(1000, timeout=0.5):

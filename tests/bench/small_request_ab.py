@@ -67,7 +67,7 @@ def current_ms(data: dict[str, Any] | None, kind: str) -> float | None:
     """This tree's median CPU per request (ms) for ``kind``, if measured."""
     if not data or not data.get("current"):
         return None
-    return statistics.median(r[KINDS[kind][1]] for r in data["current"])
+    return statistics.median(float(r[KINDS[kind][1]]) for r in data["current"])
 
 
 @measured_section(HEADING, "current")

@@ -88,7 +88,7 @@ def consume(bootstrap: str, topic: str, expect: int, start_at: float = 0.0
             if t0 is None:
                 t0 = time.perf_counter()
             got += 1
-            nbytes += len(m.value())
+            nbytes += len(m.value() or b"")
     dt = time.perf_counter() - (t0 or time.perf_counter())
     end = time.time()
     c.close()
