@@ -109,7 +109,8 @@ IDENTITY_OPTIONS: tuple[Option, ...] = (
     Option("admin_token_file", str, None,
            "file holding the bearer token that /admin/* (and, with status_auth, the status "
            "page) require; needed for --admin on when the HTTP port is not on loopback; "
-           "read at start", "FILE", restart=True),
+           "the path is read at start, the token again whenever the file changes (a "
+           "rotation needs no restart)", "FILE", restart=True),
     Option("status_auth", parse_bool, False,
            "the status page, /status.json and /internal/* require the admin token too "
            "(/metrics, /healthz and /readyz stay open)", "on|off", restart=True),
@@ -144,7 +145,7 @@ def read_identity(v: dict[str, Any], http: HostPort, admin: bool) -> Identity:
             for key in ("jwks_url", "issuer", "audience"):
                 if not v[f"sasl_oauthbearer_{key}"]:
                     raise ConfigError(f"sasl.oauthbearer.{key}: needed for OAUTHBEARER")
-    token = _read_token(v["admin_token_file"]) if v["admin_token_file"] else None
+    token = read_token(v["admin_token_file"]) if v["admin_token_file"] else None
     login = _upstream_login(v)
     if admin and token is None and not _loopback(http[0]):
         raise ConfigError("admin: --admin on with the HTTP port on "
@@ -199,7 +200,8 @@ def _read_users(path: str) -> UserStore:
         raise ConfigError(f"sasl.users_file: {exc}") from None
 
 
-def _read_token(path: str) -> str:
+def read_token(path: str) -> str:
+    """The token in ``path``; ``ConfigError`` for a file that cannot serve as one."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_TOKEN_FILE_BYTES + 1)

@@ -20,6 +20,7 @@ import trio
 from prometheus_client import Gauge
 
 from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
+from kproxy.auth.admin_token import AdminToken
 from kproxy.auth.audit import DenialReporter, open_audit
 from kproxy.auth.jwks import JwksCache
 from kproxy.auth.logins import sasl_settings
@@ -46,7 +47,7 @@ from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterC
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
-from kproxy.runtime import lifecycle
+from kproxy.runtime import lifecycle, worker_link
 from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.broker_listeners import BrokerListeners
@@ -247,9 +248,13 @@ class Proxy:
                 http = (await trio.open_tcp_listeners(cfg.http[1], host=cfg.http[0])
                         if self.http_fd is None else [inherited_listener(self.http_fd)])
                 self.http_port = http[0].socket.getsockname()[1]
+                secret = worker_link.worker_secret()  # a worker's: its supervisor's calls
+                token = AdminToken(cfg.admin_token_file, cfg.identity.admin_token,
+                                   None if secret else self.audit_record)  # audited once
                 services.start_soon(trio.serve_listeners, HttpServer(guard(
-                    {**routes(self), "/internal/facts": self._facts()},
-                    cfg.identity.admin_token, cfg.status_auth, self.audit_record)).handle, http)
+                    {**routes(self), "/internal/facts": self._facts()}, token.current,
+                    cfg.status_auth, self.audit_record, secret)).handle, http)
+                services.start_soon(token.watch)
                 await self.discover_once()
                 services.start_soon(self._discovery_loop)
                 if self.otlp is not None:

@@ -51,12 +51,11 @@ async def ask_all(sup: Supervisor, path: str, headers: dict[str, str] | None = N
     connection to it would wait out the timeout (one starting is asked, and answers
     once it accepts)."""
     answers: list[tuple[int, bytes]] = [(0, b"")] * len(sup.workers)
-    token = sup.cfg.identity.admin_token
-    if token is not None:  # the workers guard what the supervisor guards
-        headers = {**(headers or {}), "authorization": f"Bearer {token}", FORWARDED: "1"}
+    # The workers guard what the supervisor guards; its calls carry its own secret.
+    headers = {**(headers or {}), "authorization": f"Bearer {sup.secret}", FORWARDED: "1"}
 
     def fetch(port: int) -> tuple[int, bytes]:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {},
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers,
                                      method=method, data=b"" if method == "POST" else None)
         try:
             with urllib.request.urlopen(req, timeout=ASK_TIMEOUT) as resp:

@@ -16,6 +16,11 @@ A worker started by a supervisor (the environment says so) takes its first
 SIGTERM/SIGINT as "drain" and ignores the next ones: they are echoes of the same
 stop, through a group or a cgroup. "Stop now" is the supervisor's to decide, on a
 second signal of its own, by killing the workers.
+
+A supervisor calls its workers' HTTP ports with a secret it makes at start and hands
+each worker in its environment (``WORKER_SECRET_ENV``), not with the admin token: a
+rotated token file is seen by each process when it next looks, and the calls between
+them must not fail in between (``kproxy.http.auth``).
 """
 
 from __future__ import annotations
@@ -28,12 +33,21 @@ import trio
 
 log = logging.getLogger("kproxy")
 SUPERVISOR_ENV = "KPROXY_SUPERVISOR_PID"
+WORKER_SECRET_ENV = "KPROXY_WORKER_SECRET"
 POLL_SECONDS = 1.0  # where pidfds are missing: how often the parent is looked at
 
 
-def worker_env() -> dict[str, str]:
-    """The environment a worker is started with: this one, plus who supervises it."""
-    return {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+def worker_env(secret: str) -> dict[str, str]:
+    """The environment a worker is started with: this one, plus who supervises it and
+    the secret its supervisor's calls come with."""
+    return {**os.environ, SUPERVISOR_ENV: str(os.getpid()), WORKER_SECRET_ENV: secret}
+
+
+def worker_secret() -> str | None:
+    """The supervisor's secret, when this process is one of its workers; taken out of
+    the environment, so nothing this process starts inherits it."""
+    secret = os.environ.pop(WORKER_SECRET_ENV, None)
+    return secret if secret and supervisor_pid() is not None else None
 
 
 def supervisor_pid() -> int | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 import trio
 
+from kproxy.auth.admin_token import AdminToken
 from kproxy.auth.audit import open_audit
 from kproxy.config.settings import Config
 from kproxy.http.auth import guard
@@ -122,6 +124,9 @@ class Supervisor:
         # Admin calls made here are audited here; the workers log their own logins.
         self.audit = open_audit(cfg.audit_log, cfg.audit_log_max_bytes, cfg.audit_log_backups,
                                 "supervisor")
+        self.admin_token = AdminToken(cfg.admin_token_file, cfg.identity.admin_token,
+                                      self.audit.record if self.audit is not None else None)
+        self.secret = secrets.token_urlsafe(32)  # its calls to the workers (worker_link)
 
     def stop(self) -> None:
         """As SIGTERM does: every worker drains, then ``run`` returns."""
@@ -139,9 +144,10 @@ class Supervisor:
             "workers": len(self.workers), "http": f"{self.cfg.http[0]}:{self.cfg.http[1]}"}})
         async with trio.open_nursery() as nursery:
             http = await trio.open_tcp_listeners(self.cfg.http[1], host=self.cfg.http[0])
-            routes = guard(self.routes(), self.cfg.identity.admin_token, self.cfg.status_auth,
+            routes = guard(self.routes(), self.admin_token.current, self.cfg.status_auth,
                            self.audit.record if self.audit is not None else None)
             nursery.start_soon(trio.serve_listeners, HttpServer(routes).handle, http)
+            nursery.start_soon(self.admin_token.watch)
             for worker in self.workers:
                 nursery.start_soon(self._keep_running, worker)
             nursery.start_soon(self._signals)
@@ -161,7 +167,7 @@ class Supervisor:
                 worker.process = await trio.lowlevel.open_process(
                     [*self.command(worker), *worker_flags(theirs.fileno(), len(self.workers))],
                     pass_fds=(theirs.fileno(), worker.http.fileno()), start_new_session=True,
-                    env=worker_link.worker_env())
+                    env=worker_link.worker_env(self.secret))
             code = await self.hub.attend(worker.index, worker.process, mine)
             if self.stopping:
                 return
