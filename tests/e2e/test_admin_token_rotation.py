@@ -108,3 +108,21 @@ status_auth = true
     assert [(r["outcome"], r["process"]) for r in admin] == [("ok", "supervisor")]
     text = (tmp_path / "audit.log").read_text()
     assert OLD not in text and NEW not in text
+
+
+def test_without_a_token_an_admin_call_is_audited_once(shared_tansu: TansuBroker,
+                                                       tmp_path: Path) -> None:
+    """The supervisor passes the call on to both workers with its secret: they do not
+    audit it again (they did, with no token set, before the secret)."""
+    (tmp_path / "kproxy.toml").write_text(f"""
+audit_log = "{tmp_path / 'audit.log'}"
+admin = true
+""")
+    with kproxy_process(shared_tansu.bootstrap, tmp_path, "--config",
+                        str(tmp_path / "kproxy.toml")) as kp:
+        post = urllib.request.Request(f"http://127.0.0.1:{kp.http_port}/admin/rebootstrap",
+                                      method="POST", data=b"")
+        with urllib.request.urlopen(post, timeout=20) as resp:
+            assert resp.status == 200
+    admin = [r for r in _audit(tmp_path) if r["event"] == "admin"]
+    assert [(r["outcome"], r["process"]) for r in admin] == [("ok", "supervisor")]
