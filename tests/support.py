@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import random
 import re
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -220,6 +221,26 @@ class KproxyProcess:
         """The processes that hold client connections: the supervisor's workers, or the
         process itself when it runs as one (``--workers 1``)."""
         return worker_pids(self.process.pid) or [self.process.pid]
+
+
+T = TypeVar("T")
+
+
+def wait_until(cond: Callable[[], T], timeout: float = 30) -> T:
+    """``cond()``'s first truthy answer, asked every 50 ms; AssertionError after
+    ``timeout`` seconds (a condition, never a fixed wait: CI machines are busy)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := cond():
+            return found
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def audit_records(tmp: Path) -> list[dict[str, Any]]:
+    """The records of ``tmp``/audit.log so far (none before it exists)."""
+    path = tmp / "audit.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def worker_pids(supervisor: int) -> list[int]:

@@ -13,7 +13,6 @@ request went to the broker, not what the broker did with it)."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, kproxy_process
+from ..support import KproxyProcess, audit_records, kproxy_process, wait_until
 
 pytestmark = pytest.mark.broker
 RUN = uuid.uuid4().hex[:6]
@@ -128,18 +127,6 @@ def _ck(kp: KproxyProcess, user: str, **extra: Any) -> dict[str, Any]:
             "sasl.password": f"{user}-secret", **extra}
 
 
-def _audit(tmp: Path) -> list[dict[str, Any]]:
-    path = tmp / "audit.log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait(cond: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := cond():
-            return found
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _produce(kp: KproxyProcess, user: str, topic: str, **where: int) -> Any:
@@ -158,9 +145,9 @@ def test_produce_allowed_and_denied(proxy: tuple[KproxyProcess, Path]) -> None:
     assert _produce(kp, "alice", f"ok-{RUN}-produce") is None
     err = _produce(kp, "alice", f"no-{RUN}-produce")
     assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    _wait(lambda: any(r.get("event") == "acl_denied" and r["principal"] == "User:alice"
-                      and r["api"] in ("Produce", "Metadata")
-                      and r["name"] == f"no-{RUN}-produce" for r in _audit(tmp)))
+    wait_until(lambda: any(r.get("event") == "acl_denied" and r["principal"] == "User:alice"
+                           and r["api"] in ("Produce", "Metadata")
+                           and r["name"] == f"no-{RUN}-produce" for r in audit_records(tmp)))
 
     def denied_count() -> float:
         url = f"http://127.0.0.1:{kp.http_port}/metrics"
@@ -169,7 +156,7 @@ def test_produce_allowed_and_denied(proxy: tuple[KproxyProcess, Path]) -> None:
                    if line.startswith("kproxy_filter_decisions_total{")
                    and 'filter="acl"' in line and 'decision="denied"' in line)
 
-    assert _wait(lambda: denied_count() >= 1)
+    assert wait_until(lambda: denied_count() >= 1)
 
 
 def test_consume_needs_topic_and_group(proxy: tuple[KproxyProcess, Path]) -> None:
@@ -315,13 +302,13 @@ def test_sighup_applies_new_acls_and_keeps_them_on_a_bad_entry(
         'pattern = "*"\npermission = "allow"\n'
     (tmp / "kproxy.toml").write_text(_config(tmp, bad))
     kp.process.send_signal(signal.SIGHUP)
-    _wait(lambda: "operations: unknown 'fly'" in kp.log())
+    wait_until(lambda: "operations: unknown 'fly'" in kp.log())
     assert _produce(kp, "alice", f"ok-{RUN}-still") is None  # the old rules hold
     more = ACLS + f'[[acls]]\nprincipal = "User:alice"\noperations = ["WRITE", "CREATE"]\n' \
         f'resource = "topic"\npattern = "late-{RUN}"\npermission = "allow"\n'
     (tmp / "kproxy.toml").write_text(_config(tmp, more))
     kp.process.send_signal(signal.SIGHUP)
-    _wait(lambda: _produce(kp, "alice", topic) is None, timeout=30)
+    wait_until(lambda: _produce(kp, "alice", topic) is None, timeout=30)
 
 
 def test_a_bad_entry_stops_start_up(tmp_path: Path) -> None:
@@ -448,7 +435,7 @@ def test_delete_consumer_groups_allowed_and_denied(proxy: tuple[KproxyProcess, P
     assert delete("alice", groups["listed"]) == KafkaError.GROUP_AUTHORIZATION_FAILED
     assert delete("alice", groups["deletable"]) is None
     admin = AdminClient(_ck(kp, "carol"))
-    _wait(lambda: groups["deletable"] not in {
+    wait_until(lambda: groups["deletable"] not in {
         g.group_id for g in admin.list_consumer_groups().result(20).valid})
 
 

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import kproxy_process
+from ..support import audit_records, kproxy_process, wait_until
 
 pytestmark = pytest.mark.broker
 OLD, NEW = "rotation-old-token-0123", "rotation-new-token-4567"
@@ -43,19 +40,6 @@ def _get(port: int, path: str, token: str | None) -> tuple[int, bytes]:
         return int(exc.code), exc.read()
 
 
-def _wait(cond: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = cond()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
-
-
-def _audit(tmp: Path) -> list[dict[str, Any]]:
-    path = tmp / "audit.log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_a_rotated_admin_token_applies_in_every_process_without_a_restart(
@@ -76,10 +60,10 @@ status_auth = true
         assert len(workers) == 2
 
         _write(token_file, NEW)
-        _wait(lambda: _get(kp.http_port, "/status.json", NEW)[0] == 200)
+        wait_until(lambda: _get(kp.http_port, "/status.json", NEW)[0] == 200)
         assert _get(kp.http_port, "/status.json", OLD)[0] == 401
         for port in workers:  # each worker looks at the file for its own port
-            _wait(lambda port=port: _get(port, "/internal/sample", NEW)[0] == 200)
+            wait_until(lambda port=port: _get(port, "/internal/sample", NEW)[0] == 200)
             assert _get(port, "/internal/sample", OLD)[0] == 401
 
         # The supervisor still reaches both workers: its page merges their samples.
@@ -87,7 +71,7 @@ status_auth = true
             code, page = _get(kp.http_port, "/status.json", NEW)
             rows = json.loads(page)["workers"] if code == 200 else []
             return len(rows) == 2 and all(w["answered"] and w["ready"] for w in rows)
-        _wait(merged)
+        wait_until(merged)
         post = urllib.request.Request(f"http://127.0.0.1:{kp.http_port}/admin/rebootstrap",
                                       method="POST", data=b"",
                                       headers={"authorization": f"Bearer {NEW}"})
@@ -96,12 +80,12 @@ status_auth = true
 
         # A file changed into one that cannot serve: the running token stays.
         _write(token_file, "short")
-        _wait(lambda: any(r["event"] == "admin_token" and r["outcome"] == "rejected"
-                          for r in _audit(tmp_path)))
+        wait_until(lambda: any(r["event"] == "admin_token" and r["outcome"] == "rejected"
+                               for r in audit_records(tmp_path)))
         assert _get(kp.http_port, "/status.json", NEW)[0] == 200
         assert _get(kp.http_port, "/status.json", "short")[0] == 401
 
-    records = _audit(tmp_path)
+    records = audit_records(tmp_path)
     changes = [(r["outcome"], r["process"]) for r in records if r["event"] == "admin_token"]
     assert changes == [("applied", "supervisor"), ("rejected", "supervisor")]
     admin = [r for r in records if r["event"] == "admin"]
@@ -124,5 +108,5 @@ admin = true
                                       method="POST", data=b"")
         with urllib.request.urlopen(post, timeout=20) as resp:
             assert resp.status == 200
-    admin = [r for r in _audit(tmp_path) if r["event"] == "admin"]
+    admin = [r for r in audit_records(tmp_path) if r["event"] == "admin"]
     assert [(r["outcome"], r["process"]) for r in admin] == [("ok", "supervisor")]

@@ -22,7 +22,13 @@ from kproxy.codecs.messages import decode_response
 from kproxy.embedded_broker import TansuBroker
 
 from ..oauth_keys import AUDIENCE, ISSUER, Keys, client_message
-from ..support import KproxyProcess, encode_request, kproxy_process
+from ..support import (
+    KproxyProcess,
+    audit_records,
+    encode_request,
+    kproxy_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.broker
 KEYS = Keys()
@@ -92,18 +98,6 @@ clock_skew = 0
         jwks.close()
 
 
-def _wait(cond: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := cond():
-            return found
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
-def _audit(tmp: Path) -> list[dict[str, Any]]:
-    path = tmp / "audit.log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _oauth_login(kp: KproxyProcess, token: Callable[[], str], timeout: float = 15) -> str:
@@ -148,10 +142,10 @@ def test_a_hanging_then_garbage_jwks_refuses_oauth_and_serves_others(
     jwks.mode = "garbage"
     jwks.release.set()
     hits = jwks.hits
-    _wait(lambda: jwks.hits >= hits + 2)  # both workers, after their backoff
+    wait_until(lambda: jwks.hits >= hits + 2)  # both workers, after their backoff
     assert _oauth_login(kp, lambda: KEYS.token(time.time())) == "authentication failed"
     assert _plain_ok(kp)
-    failed = [r for r in _audit(tmp) if r["mechanism"] == "OAUTHBEARER"]
+    failed = [r for r in audit_records(tmp) if r["mechanism"] == "OAUTHBEARER"]
     assert failed and all(r["outcome"] == "failed" for r in failed)
     assert "keys not fetched" in failed[0]["reason"]
 
@@ -161,13 +155,13 @@ def test_good_tokens_log_in_and_bad_ones_are_refused(
     kp, jwks, tmp = bed
     jwks.mode = "ok"
     # Each worker learns the keys at its next fetch (backoff at most jwks_refresh).
-    _wait(lambda: _oauth_login(kp, lambda: KEYS.token(time.time(), sub="svc-rsa"), 5) == "ok")
+    wait_until(lambda: _oauth_login(kp, lambda: KEYS.token(time.time(), sub="svc-rsa"), 5) == "ok")
     assert _oauth_login(kp, lambda: KEYS.token(time.time(), sub="svc-ec", kid="ec-1")) == "ok"
     for bad in (lambda: KEYS.token(time.time(), ttl=-5),
                 lambda: KEYS.token(time.time(), aud="another-service"),
                 lambda: KEYS.token(time.time(), kid="gone")):
         assert _oauth_login(kp, bad) == "authentication failed"
-    records = _audit(tmp)
+    records = audit_records(tmp)
     oks = {r["principal"] for r in records if r["mechanism"] == "OAUTHBEARER"
            and r["outcome"] == "ok"}
     assert {"svc-rsa", "svc-ec"} <= oks
@@ -182,7 +176,7 @@ def test_session_lifetime_is_the_tokens(bed: tuple[KproxyProcess, Jwks, Path]) -
     import struct
     kp, jwks, _ = bed
     jwks.mode = "ok"
-    _wait(lambda: _oauth_login(kp, lambda: KEYS.token(time.time()), 5) == "ok")
+    wait_until(lambda: _oauth_login(kp, lambda: KEYS.token(time.time()), 5) == "ok")
     token = KEYS.token(time.time(), ttl=120)
     with socket.create_connection(("127.0.0.1", kp.bootstrap_port), timeout=10) as sock:
         sock.sendall(encode_request(api_keys.SASL_HANDSHAKE, 1, 1, {"mechanism": "OAUTHBEARER"}))

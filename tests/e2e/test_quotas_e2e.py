@@ -13,7 +13,7 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from kproxy.codecs import api_keys
 from kproxy.codecs.framing import FrameReader
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, encode_request, kproxy_process
+from ..support import KproxyProcess, encode_request, kproxy_process, wait_until
 
 pytestmark = pytest.mark.broker
 QUOTA = 400 * 1024  # alice's produce bytes per second, over all workers
@@ -198,12 +198,6 @@ def _reloads(tmp: Path, outcome: str) -> int:
                and json.loads(line)["outcome"] == outcome)
 
 
-def _wait(cond: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
 
 def test_reload_rejects_a_bad_entry_and_applies_a_good_one(proxy: KproxyProcess) -> None:
     """Runs last: it leaves bob with a quota."""
@@ -211,13 +205,13 @@ def test_reload_rejects_a_bad_entry_and_applies_a_good_one(proxy: KproxyProcess)
     path = tmp / "kproxy.toml"
     path.write_text(_config(tmp, '[[quotas]]\nprincipal = "bob"\nrequests_per_second = -3\n'))
     proxy.process.send_signal(signal.SIGHUP)
-    _wait(lambda: _reloads(tmp, "rejected") >= 2)  # both workers keep the running config
+    wait_until(lambda: _reloads(tmp, "rejected") >= 2)  # both workers keep the running config
     _, _, throttles = _produce(proxy, "bob", f"q-{uuid.uuid4().hex[:8]}", TOTAL // 2)
     assert not throttles
     path.write_text(_config(tmp, f'[[quotas]]\nprincipal = "bob"\n'
                                  f'produce_bytes_per_second = {QUOTA}\n'))
     proxy.process.send_signal(signal.SIGHUP)
-    _wait(lambda: _reloads(tmp, "applied") >= 2)
+    wait_until(lambda: _reloads(tmp, "applied") >= 2)
     _, delivered, throttles = _produce(proxy, "bob", f"q-{uuid.uuid4().hex[:8]}", TOTAL // 2)
     assert delivered == [None] * (TOTAL // 2 // MESSAGE) and throttles and max(throttles) > 0
 

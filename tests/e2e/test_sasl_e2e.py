@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,12 @@ from kproxy.embedded_broker import TansuBroker
 
 from ..support import (
     KproxyProcess,
+    audit_records,
     broker_port_base,
     encode_request,
     free_port,
     kproxy_process,
+    wait_until,
 )
 
 pytestmark = pytest.mark.broker
@@ -75,19 +77,6 @@ prefix = "tenant."
         yield kp, tmp
 
 
-def _audit(tmp: Path) -> list[dict[str, Any]]:
-    path = tmp / "audit.log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait(cond: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = cond()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _ck(kp: KproxyProcess, mechanism: str, user: str, password: str,
@@ -108,9 +97,9 @@ def test_confluent_kafka_logs_in_and_produces(proxy: tuple[KproxyProcess, Path],
     producer.produce(topic, b"hello", on_delivery=lambda err, msg: delivered.append(err))
     producer.flush(30)
     assert delivered == [None]
-    _wait(lambda: any(r["event"] == "login" and r["outcome"] == "ok"
-                      and r["mechanism"] == mechanism and r["principal"] == "alice"
-                      for r in _audit(tmp)))
+    wait_until(lambda: any(r["event"] == "login" and r["outcome"] == "ok"
+                           and r["mechanism"] == mechanism and r["principal"] == "alice"
+                           for r in audit_records(tmp)))
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
@@ -124,8 +113,9 @@ def test_kafka_python_logs_in(proxy: tuple[KproxyProcess, Path], mechanism: str)
         producer.send(f"kp-{uuid.uuid4().hex[:8]}", b"v").get(timeout=30)
     finally:
         producer.close(5)
-    _wait(lambda: any(r["event"] == "login" and r["outcome"] == "ok" and r["principal"] == "svc"
-                      and r["mechanism"] == mechanism for r in _audit(tmp)))
+    wait_until(lambda: any(r["event"] == "login" and r["outcome"] == "ok"
+                           and r["principal"] == "svc" and r["mechanism"] == mechanism
+                           for r in audit_records(tmp)))
 
 
 def test_wrong_password_is_refused_and_audited_without_it(
@@ -135,12 +125,12 @@ def test_wrong_password_is_refused_and_audited_without_it(
     errors: list[Any] = []
     producer = Producer(_ck(kp, "SCRAM-SHA-256", "alice", "guessed-wrong",
                             error_cb=errors.append))
-    _wait(lambda: any(e.code() == KafkaError._AUTHENTICATION for e in errors) or
-          producer.poll(0.1))
+    wait_until(lambda: any(e.code() == KafkaError._AUTHENTICATION for e in errors) or
+               producer.poll(0.1))
     assert any(e.code() == KafkaError._AUTHENTICATION for e in errors)
-    _wait(lambda: any(r["outcome"] == "failed" and r["principal"] == "alice"
-                      and r["mechanism"] == "SCRAM-SHA-256" and r["source"].startswith("127.")
-                      for r in _audit(tmp)))
+    wait_until(lambda: any(r["outcome"] == "failed" and r["principal"] == "alice"
+                           and r["mechanism"] == "SCRAM-SHA-256" and r["source"].startswith("127.")
+                           for r in audit_records(tmp)))
     text = (tmp / "audit.log").read_text()
     assert "guessed-wrong" not in text and "alice-secret" not in text
 
@@ -207,8 +197,8 @@ def test_sighup_reloads_the_users_file(proxy: tuple[KproxyProcess, Path]) -> Non
     kp, tmp = proxy
     (tmp / "users.toml").write_text(USERS + '[users.carol]\npassword = "carol-secret"\n')
     kp.process.send_signal(signal.SIGHUP)
-    _wait(lambda: sum(r["event"] == "config_reload" and r["outcome"] == "applied"
-                      for r in _audit(tmp)) >= 2)  # both workers
+    wait_until(lambda: sum(r["event"] == "config_reload" and r["outcome"] == "applied"
+                           for r in audit_records(tmp)) >= 2)  # both workers
     admin = AdminClient(_ck(kp, "SCRAM-SHA-512", "carol", "carol-secret"))
     assert admin.list_topics(timeout=20).brokers
 
@@ -254,7 +244,7 @@ def test_admin_token_and_status_auth(proxy: tuple[KproxyProcess, Path]) -> None:
             authed = urllib.request.Request(url, headers={"authorization": f"Bearer {TOKEN}"})
             with urllib.request.urlopen(authed, timeout=20) as resp:
                 assert resp.status == 200
-    admin = [r for r in _audit(tmp) if r["event"] == "admin"]
+    admin = [r for r in audit_records(tmp) if r["event"] == "admin"]
     assert [r["outcome"] for r in admin] == ["denied", "denied", "ok"]
     assert all(r["process"] == "supervisor" and r["source"].startswith("127.") for r in admin)
     assert TOKEN not in (tmp / "audit.log").read_text()
