@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import jwt
 
@@ -26,6 +26,9 @@ from kproxy.policies.auth.users import MAX_NAME_BYTES
 
 ALGORITHMS = ("RS256", "ES256")
 MAX_JWKS_KEYS = 64
+# A broker's OAUTHBEARER validator requires exp and iat; iss and aud are checked here
+# because they are configured. jti is not: a broker keeps no replay cache either.
+REQUIRED_CLAIMS = ["exp", "iat", "iss", "aud"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,9 @@ class OAuthExchange:
             claims: dict[str, Any] = jwt.decode(
                 raw, key, algorithms=[alg], audience=s.audience, issuer=s.issuer,
                 options={"verify_exp": False, "verify_nbf": False, "verify_iat": False,
-                         "require": ["exp", "iss", "aud"]})
+                         "require": REQUIRED_CLAIMS})
+        except jwt.MissingRequiredClaimError as exc:
+            return _fail(f"token has no {exc.claim} claim", f"no {exc.claim}")
         except jwt.InvalidAudienceError:
             return _fail("token audience not accepted", "wrong audience")
         except jwt.InvalidIssuerError:
@@ -134,15 +139,22 @@ class OAuthExchange:
             self.principal_hint = principal[:MAX_NAME_BYTES]
         now = self.clock()
         exp, nbf = claims.get("exp"), claims.get("nbf")
-        if not isinstance(exp, int | float) or exp + s.clock_skew_s <= now:
+        if not _numeric(claims["iat"]):
+            return _fail("token iat is not a time", "malformed iat")
+        if not _numeric(exp) or exp + s.clock_skew_s <= now:
             return _fail("token expired", "expired")
-        if nbf is not None and (not isinstance(nbf, int | float) or nbf - s.clock_skew_s > now):
+        if nbf is not None and (not _numeric(nbf) or nbf - s.clock_skew_s > now):
             return _fail("token not valid yet", "not yet valid")
         if not isinstance(principal, str) or not principal or (
                 len(principal.encode()) > MAX_NAME_BYTES):
             return _fail(f"token has no usable {s.principal_claim} claim", "no principal")
         lifetime_ms = max(1, int((exp - now) * 1000))
         return Step(principal=principal, lifetime_ms=lifetime_ms)
+
+
+def _numeric(value: object) -> TypeGuard[int | float]:
+    """A JWT NumericDate: a JSON number (not a boolean, which Python counts as one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _fail(message: str, detail: str) -> Step:

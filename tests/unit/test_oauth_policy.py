@@ -1,5 +1,5 @@
-"""OAUTHBEARER checks without sockets: signatures (RS256, ES256), exp, nbf, iss, aud,
-unknown kids, algorithm confusion, malformed messages, and JWKS parsing."""
+"""OAUTHBEARER checks without sockets: signatures (RS256, ES256), exp, iat, nbf, iss,
+aud, unknown kids, algorithm confusion, malformed messages, and JWKS parsing."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ def test_rs256_and_es256_tokens_log_in_for_their_lifetime() -> None:
     (KEYS.token(NOW, aud="other"), "wrong audience"),
     (KEYS.token(NOW, iss="https://evil.test"), "wrong issuer"),
     (KEYS.token(NOW, sub=""), "no principal"),
+    (KEYS.token(NOW, iat=None), "no iat"),
+    (KEYS.token(NOW, iat="yesterday"), "malformed iat"),
+    (KEYS.token(NOW, iat=True), "malformed iat"),
+    (KEYS.token(NOW, exp=None), "no exp"),
     (KEYS.token(NOW)[:-4] + "AAAA", "bad signature"),
     ("not-a-jwt", "malformed token"),
 ])
