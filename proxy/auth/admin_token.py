@@ -32,7 +32,9 @@ class AdminToken:
     def __init__(self, path: str | None, token: str | None, audit: Audit | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path, self._token, self._audit, self._clock = path, token, audit, clock
-        self._stamp = _stamp(path) if path is not None else None
+        # No stamp yet: the first look reads the file again, in case it changed since
+        # ``token`` was read from it (the configuration is read before this is made).
+        self._stamp: tuple[int, ...] | None = ()
         self._checked = clock()
 
     async def watch(self) -> None:

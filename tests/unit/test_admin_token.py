@@ -50,7 +50,8 @@ def _req(path: str, token: str | None = None, forwarded: bool = False) -> HttpRe
 
 
 def test_a_rotated_token_applies_once_looked_at_and_the_old_one_stops(tmp_path: Path) -> None:
-    path, clock, audit = _token_file(tmp_path, OLD), Clock(), []
+    path, clock = _token_file(tmp_path, OLD), Clock()
+    audit: list[dict[str, object]] = []
     token = AdminToken(str(path), OLD, audit.append, clock)
     _rotate(path, NEW)
     assert token.current() == OLD  # looked at no more than once a second
@@ -64,7 +65,8 @@ def test_a_rotated_token_applies_once_looked_at_and_the_old_one_stops(tmp_path: 
 
 def test_a_file_changed_into_a_bad_one_keeps_the_running_token(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path, clock, audit = _token_file(tmp_path, OLD), Clock(), []
+    path, clock = _token_file(tmp_path, OLD), Clock()
+    audit: list[dict[str, object]] = []
     token = AdminToken(str(path), OLD, audit.append, clock)
     for bad, why in (("short", "printable characters"), (None, "No such file")):
         if bad is None:
@@ -85,12 +87,21 @@ def test_a_file_changed_into_a_bad_one_keeps_the_running_token(
     assert token.current() == NEW and "chmod o-r" in str(audit[-1]["error"])
 
 
+def test_a_file_changed_before_the_guard_started_is_read_at_the_first_look(
+        tmp_path: Path) -> None:
+    path, clock = _token_file(tmp_path, NEW), Clock()
+    token = AdminToken(str(path), OLD, None, clock)  # OLD: what the config read earlier
+    clock.now += CHECK_SECONDS
+    assert token.current() == NEW
+
+
 def test_no_token_file_means_no_token() -> None:
     assert AdminToken(None, None).current() is None
 
 
 async def test_guard_takes_the_current_token_and_audits_admin_calls(tmp_path: Path) -> None:
-    path, clock, audit = _token_file(tmp_path, OLD), Clock(), []
+    path, clock = _token_file(tmp_path, OLD), Clock()
+    audit: list[dict[str, object]] = []
     token = AdminToken(str(path), OLD, None, clock)
     routes = guard({"/admin/rebootstrap": _ok, "/metrics": _ok}, token.current, False,
                    audit.append)
