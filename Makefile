@@ -118,13 +118,21 @@ typecheck-tree:
 	@mkdir -p $(VENV)/typecheck/tests
 	@for f in tests/*; do [ "$$f" = tests/bench ] || ln -s "$(CURDIR)/$$f" $(VENV)/typecheck/tests/; done
 
-# The package, then the bench scripts: these import each other as top-level modules
-# (they run as scripts), so they are checked from their own folder. What they import
-# from tests/ is followed for its types, not checked.
+# mypy --strict over everything: the package; the tests; then the folders of scripts
+# that import each other as top-level modules (they run as scripts), each checked from
+# its own folder. What a run imports from elsewhere is followed for types, not checked.
+MYPY = $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml
+SCRIPT_DIRS = tests/bench tests/compat/drivers tests/capture
+TEST_FILES = $(shell find tests -name '*.py' -not -path '*/node_modules/*' \
+	$(foreach d,$(SCRIPT_DIRS),-not -path '$(d)/*'))
 lint: $(DEV) typecheck-tree
 	$(BIN)/ruff check .
-	cd $(VENV)/typecheck && MYPYPATH=. $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p kproxy
-	cd tests/bench && MYPYPATH=$(CURDIR)/$(VENV)/typecheck $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/$(VENV)/typecheck/.mypy_cache_bench --explicit-package-bases --follow-imports=silent *.py
+	cd $(VENV)/typecheck && MYPYPATH=. $(MYPY) -p kproxy
+	MYPYPATH=$(VENV)/typecheck:tests/bench:deploy $(MYPY) --cache-dir $(VENV)/typecheck/.mypy_cache_tests --explicit-package-bases --follow-imports=silent $(TEST_FILES)
+	@for d in $(SCRIPT_DIRS); do \
+		echo "mypy: $$d"; \
+		(cd $$d && MYPYPATH=$(CURDIR)/$(VENV)/typecheck $(MYPY) --cache-dir $(CURDIR)/$(VENV)/typecheck/.mypy_cache_$$(basename $$d) --explicit-package-bases --follow-imports=silent *.py) || exit 1; \
+	done
 
 fmt: $(DEV)
 	$(BIN)/ruff check --fix .

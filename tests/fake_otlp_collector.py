@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
@@ -40,7 +41,7 @@ class FakeCollector:
     release: threading.Event = field(default_factory=threading.Event)  # ends every hang
 
     scheme: str = "http"
-    peer_certs: list[dict[str, object]] = field(default_factory=list)  # with TLS: who posted
+    peer_certs: list[dict[str, Any]] = field(default_factory=list)  # with TLS: who posted
 
     @property
     def url(self) -> str:

@@ -28,8 +28,10 @@ class Keys:
 
     def token(self, now: float, sub: str = "svc-a", kid: str = "rsa-1", ttl: float = 600,
               **claims: Any) -> str:
-        key, alg = {"rsa-1": (self.rsa, "RS256"), "ec-1": (self.ec, "ES256"),
-                    "gone": (self.other, "RS256")}[kid]
+        keys: dict[str, tuple[rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, str]] = {
+            "rsa-1": (self.rsa, "RS256"), "ec-1": (self.ec, "ES256"),
+            "gone": (self.other, "RS256")}
+        key, alg = keys[kid]
         body = {"iss": ISSUER, "aud": AUDIENCE, "sub": sub, "iat": int(now),
                 "exp": int(now + ttl), **claims}
         return jwt.encode(body, key, algorithm=alg, headers={"kid": kid})

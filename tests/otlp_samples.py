@@ -10,6 +10,20 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from kproxy.codecs.otlp.model import NumberPoint, ResourceMetrics
+
+
+def as_temporality(value: int) -> metrics_pb2.AggregationTemporality.ValueType:
+    """An aggregation temporality from its number (1 delta, 2 cumulative)."""
+    return metrics_pb2.AggregationTemporality.ValueType(value)
+
+
+def number_values(data: list[ResourceMetrics]) -> list[int | float]:
+    """Every point's value, in order, from decoded data that holds gauges and sums only."""
+    points = [p for rm in data for sm in rm.scopes for m in sm.metrics for p in m.points]
+    assert all(isinstance(p, NumberPoint) for p in points), "not only gauges and sums"
+    return [p.value for p in points if isinstance(p, NumberPoint)]
+
 
 def kv(key: str, value: str | int | float | bool) -> KeyValue:
     if isinstance(value, bool):

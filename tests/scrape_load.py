@@ -126,7 +126,11 @@ def produce_trace(bootstrap: str, topic: str, rate: int) -> None:
     p.produce(topic, b"warm")
     assert p.flush(30) == 0
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+
+    def stop_at_eof() -> None:  # the driver closes this process's stdin to stop it
+        sys.stdin.read()
+        stop.set()
+    threading.Thread(target=stop_at_eof, daemon=True).start()
     print("ready", flush=True)
     out, failed = paced_produce(p, topic, rate, lambda _: not stop.is_set())
     assert failed == 0, f"{failed} deliveries failed"

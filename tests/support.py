@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -32,6 +32,9 @@ from kproxy.codecs.registry import spec_for
 from kproxy.config import settings as config_mod
 from kproxy.embedded_broker import free_port as ephemeral_port
 from kproxy.embedded_broker import wait_for_port
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 BROKER_PORTS_CHECKED = 16  # the brokers a test's range uses, from the base up
 
@@ -91,7 +94,7 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def make_config(upstream: str, config_file: Path | None = None,
+def make_config(upstream: str, config_file: Path | None = None, /,
                 **overrides: Any) -> config_mod.Config:
     """A Config with free loopback ports, as `kproxy run` flags would build it."""
     values: dict[str, Any] = {"upstream": upstream, "listen": "127.0.0.1:0",
@@ -235,6 +238,13 @@ def wait_until(cond: Callable[[], T], timeout: float = 30) -> T:
             return found
         time.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+def value_of(msg: Message) -> bytes:
+    """A consumed record's value: every record these tests produce has one."""
+    value = msg.value()
+    assert value is not None, f"no value at {msg.topic()}[{msg.partition()}]@{msg.offset()}"
+    return value
 
 
 def audit_records(tmp: Path) -> list[dict[str, Any]]:

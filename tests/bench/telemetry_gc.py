@@ -20,12 +20,12 @@ import uuid
 
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kproxy.codecs.otlp.model import NumberPoint, decode_metrics_data
+from kproxy.codecs.otlp.model import decode_metrics_data
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies.telemetry_store import MetricsStore
 from kproxy.telemetry.exposition import ClientMetricsCollector
 from kproxy.telemetry.service import TelemetryService
-from tests.otlp_samples import kv, librdkafka_like_payload
+from tests.otlp_samples import as_temporality, kv, librdkafka_like_payload, number_values
 from tests.support import make_config
 
 
@@ -66,7 +66,7 @@ def number_push(nodes: int) -> bytes:
     md = metrics_pb2.MetricsData()
     sm = md.resource_metrics.add().scope_metrics.add()
     s = sm.metrics.add(name="requests")
-    s.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+    s.sum.aggregation_temporality = as_temporality(2)
     s.sum.is_monotonic = True
     g = sm.metrics.add(name="latency")
     for node in range(nodes):
@@ -90,8 +90,7 @@ def ingest_costs(repeats: int = 2000) -> dict[str, float]:
         store.ingest(iid, labels(iid), resources, True)
     again = (time.process_time() - start) / len(ids)
     small = decode_metrics_data(number_push(8))
-    values = [p.value for rm in small for sm in rm.scopes for m in sm.metrics for p in m.points
-              if isinstance(p, NumberPoint)]
+    values = number_values(small)
     out = {"ingest_new_250_us": new * 1e6, "ingest_again_250_us": again * 1e6}
     for delta in (False, True):
         _, landing = store.ingest_noting(ids[0], labels(ids[0]), small, delta)

@@ -53,7 +53,8 @@ def scenario_confluent(bootstrap: str) -> None:
                          "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
                          "enable.partition.eof": True})
     consumer.subscribe([topic])
-    got, eof, deadline = 0, set(), time.monotonic() + 30
+    eof: set[int | None] = set()
+    got, deadline = 0, time.monotonic() + 30
     while time.monotonic() < deadline and len(eof) < 2:
         msg = consumer.poll(0.5)
         if msg is None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .clients import Client
-from .scenario import MESSAGES
+from .scenario import MESSAGES, Outcome
 from .why import EXPLANATIONS
 
 HEADER = f"""# Client compatibility
@@ -26,8 +26,8 @@ The rule kproxy keeps: **every client that works direct works through kproxy.**
 @dataclass
 class Row:
     client: Client
-    direct: object
-    proxied: object
+    direct: Outcome
+    proxied: Outcome
 
     @property
     def version(self) -> str:
@@ -52,10 +52,10 @@ def _notes(row: Row) -> str:
         break
     for label, outcome in (("direct", row.direct), ("kproxy", row.proxied)):
         if _cell(outcome) == "not run":
-            notes.append(outcome.first_failure())  # type: ignore[attr-defined]
+            notes.append(outcome.first_failure())
             break
         if not getattr(outcome, "ok", False):
-            notes.append(f"{label}: {outcome.first_failure()[:160]}")  # type: ignore[attr-defined]
+            notes.append(f"{label}: {outcome.first_failure()[:160]}")
     return "; ".join(n.replace("|", "/").replace("\n", " ") for n in notes)
 
 
@@ -72,7 +72,7 @@ def write_report(rows: list[Row], out: Path) -> None:
         lines += ["", "## Clients that fail direct, or do not run here", ""]
         for row in failing:
             text = EXPLANATIONS.get(row.client.slug) or EXPLANATIONS.get(row.client.driver) or (
-                "Not yet analysed: " + row.direct.first_failure())  # type: ignore[attr-defined]
+                "Not yet analysed: " + row.direct.first_failure())
             lines += [f"### {row.client.name} {row.version}", "", text, ""]
             if _cell(row.direct) != "not run":
                 fixed = "yes" if getattr(row.proxied, "ok", False) else "no"

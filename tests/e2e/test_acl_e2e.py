@@ -27,7 +27,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, audit_records, kproxy_process, wait_until
+from ..support import KproxyProcess, audit_records, kproxy_process, value_of, wait_until
 
 pytestmark = pytest.mark.broker
 RUN = uuid.uuid4().hex[:6]
@@ -129,12 +129,12 @@ def _ck(kp: KproxyProcess, user: str, **extra: Any) -> dict[str, Any]:
 
 
 
-def _produce(kp: KproxyProcess, user: str, topic: str, **where: int) -> Any:
+def _produce(kp: KproxyProcess, user: str, topic: str, partition: int = -1) -> Any:
     from confluent_kafka import Producer
     producer = Producer(_ck(kp, user, **{"message.timeout.ms": 10000}))
     results: list[Any] = []
-    producer.produce(topic, b'{"n": 1}', on_delivery=lambda err, _m: results.append(err),
-                     **where)
+    producer.produce(topic, b'{"n": 1}', partition=partition,
+                     on_delivery=lambda err, _m: results.append(err))
     producer.flush(15)
     return results[0] if results else "no delivery report"
 
@@ -178,10 +178,10 @@ def test_consume_needs_topic_and_group(proxy: tuple[KproxyProcess, Path]) -> Non
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error() is None:
-                values.append(msg.value())
-            elif msg.error().code() != KafkaError._PARTITION_EOF:
-                errors.append(msg.error().code())
+            if (error := msg.error()) is None:
+                values.append(value_of(msg))
+            elif error.code() != KafkaError._PARTITION_EOF:
+                errors.append(error.code())
         consumer.close()
         return values, errors
 
@@ -205,7 +205,7 @@ def test_a_denied_partition_does_not_stop_the_allowed_one(
                                           "enable.auto.commit": False,
                                           "session.timeout.ms": 6000}))
     consumer.assign([TP(ok, 0, OFFSET_BEGINNING), TP(ro, 0, OFFSET_BEGINNING)])
-    values: list[tuple[str, bytes]] = []
+    values: list[tuple[str | None, bytes]] = []
     errors: set[int] = set()
 
     def poll_until(cond: Callable[[], bool]) -> None:
@@ -214,10 +214,12 @@ def test_a_denied_partition_does_not_stop_the_allowed_one(
             if cond() or time.monotonic() > deadline:
                 break
             msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                values.append((msg.topic(), msg.value()))
-            elif msg is not None:
-                errors.add(msg.error().code())
+            if msg is None:
+                continue
+            if (error := msg.error()) is None:
+                values.append((msg.topic(), value_of(msg)))
+            else:
+                errors.add(error.code())
         assert cond(), (values, errors)
 
     try:
@@ -344,7 +346,7 @@ def groups(shared_tansu: TansuBroker) -> dict[str, str]:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
     topic = f"ok-{RUN}-groups"
-    backend = {"bootstrap.servers": shared_tansu.bootstrap}
+    backend: dict[str, str | int | float | bool] = {"bootstrap.servers": shared_tansu.bootstrap}
     admin = AdminClient(backend)  # held: a collected client fails its futures
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(20)
     names = {"listed": f"app-{RUN}-listed", "deletable": f"adm-{RUN}-del",

@@ -16,7 +16,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, broker_port_base, free_port, kproxy_process
+from ..support import KproxyProcess, broker_port_base, free_port, kproxy_process, value_of
 
 pytestmark = pytest.mark.broker
 RUN = uuid.uuid4().hex[:6]
@@ -111,10 +111,10 @@ def test_allowed_topic_produces_and_consumes_through_the_virtual_cluster(bed: Be
         msg = consumer.poll(0.5)
         if msg is None:
             continue
-        if msg.error() is None:
-            got.append(msg.value())
-        elif msg.error().code() != KafkaError._PARTITION_EOF:
-            errors.append(msg.error().code())
+        if (error := msg.error()) is None:
+            got.append(value_of(msg))
+        elif error.code() != KafkaError._PARTITION_EOF:
+            errors.append(error.code())
     consumer.close()
     assert got == [b"through the tenant"], errors
     # The backend holds the record under the prefixed name.
@@ -126,7 +126,7 @@ def test_allowed_topic_produces_and_consumes_through_the_virtual_cluster(bed: Be
     while time.monotonic() < deadline and not direct:
         msg = backend.poll(0.5)
         if msg is not None and msg.error() is None:
-            direct.append(msg.value())
+            direct.append(value_of(msg))
     backend.close()
     assert direct == [b"through the tenant"]
 

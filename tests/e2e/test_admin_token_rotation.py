@@ -63,7 +63,9 @@ status_auth = true
         wait_until(lambda: _get(kp.http_port, "/status.json", NEW)[0] == 200)
         assert _get(kp.http_port, "/status.json", OLD)[0] == 401
         for port in workers:  # each worker looks at the file for its own port
-            wait_until(lambda port=port: _get(port, "/internal/sample", NEW)[0] == 200)
+            def takes_the_new_token(port: int = port) -> bool:
+                return _get(port, "/internal/sample", NEW)[0] == 200
+            wait_until(takes_the_new_token)
             assert _get(port, "/internal/sample", OLD)[0] == 401
 
         # The supervisor still reaches both workers: its page merges their samples.

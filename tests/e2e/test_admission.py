@@ -18,6 +18,7 @@ import socket
 import ssl
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -44,7 +45,7 @@ MAX = 250
 REQUEST = encode_request(api_keys.API_VERSIONS, 3, 1, API_VERSIONS_V3)
 
 
-async def start(nursery: trio.Nursery, upstream: str, **overrides: object) -> Proxy:
+async def start(nursery: trio.Nursery, upstream: str, **overrides: Any) -> Proxy:
     proxy = Proxy(make_config(upstream, **overrides))
     started: Proxy = await nursery.start(lambda task_status: proxy.run(
         handle_signals=False, task_status=task_status))

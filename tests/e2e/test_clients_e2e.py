@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -61,7 +61,8 @@ class Ledger:
         assert len(self.by_partition) == PARTITIONS
 
 
-def assert_only_proxy(kp: KproxyProcess, backend: TansuBroker, hosts_ports: list[tuple[str, int]],
+def assert_only_proxy(kp: KproxyProcess, backend: TansuBroker,
+                      hosts_ports: Sequence[tuple[str | None, int]],
                       ) -> None:
     proxy_ports = {kp.bootstrap_port, kp.broker_port_base}
     assert hosts_ports, "the client reported no brokers"
@@ -104,9 +105,13 @@ def test_confluent_kafka(proxy: KproxyProcess, backend: TansuBroker) -> None:
     producer = Producer({"bootstrap.servers": proxy.bootstrap, "enable.idempotence": True,
                          "linger.ms": 5})
     failures: list[object] = []
+
+    def report(err: object, _msg: object) -> None:
+        if err:
+            failures.append(err)
     for i in range(MESSAGES):
         producer.produce(topic, key=f"key-{i % 97}".encode(), value=str(i).encode(),
-                         on_delivery=lambda err, msg: err and failures.append(err))
+                         on_delivery=report)
         if i % 1000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0 and not failures

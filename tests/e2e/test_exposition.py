@@ -90,7 +90,7 @@ async def test_sliced_exposition_matches_prometheus_client() -> None:
     metrics, _ = _filled_service(instances=300, points=20)
     collector = next(s for s in metrics.piece_sources if isinstance(s, ClientMetricsCollector))
     reference = CollectorRegistry()
-    reference.register(_Whole(collector))  # type: ignore[arg-type]
+    reference.register(_Whole(collector))
     exposition = Exposition(metrics.registry, metrics.piece_sources)
     for openmetrics in (False, True):
         for compress in (False, True):
@@ -114,7 +114,8 @@ async def test_sliced_exposition_matches_prometheus_client() -> None:
 def test_value_text_is_prometheus_float_text() -> None:
     values = [0.0, -0.0, 1.0, 0.1, 1e-7, 3.14159, 999_999.9, 1e6, 1_234_567.0, 2.0**53,
               1e16, 1e300, -1.5, -5e6, -1e300, math.inf, -math.inf, math.nan]
-    assert [value_text(v) for v in values] == [floatToGoString(v) for v in values]
+    assert [value_text(v) for v in values] == [
+        floatToGoString(v) for v in values]  # type: ignore[no-untyped-call]
 
 
 async def test_label_text_is_kept_and_a_scrape_reads_as_the_first() -> None:
@@ -154,7 +155,7 @@ async def test_concurrent_scrapes_share_one_production() -> None:
         for _ in range(4):
             n.start_soon(one)
     assert len(bodies) == 4 and len(set(bodies)) == 1
-    scrapes = exposition.scrapes._value.get()  # type: ignore[attr-defined]
+    scrapes = exposition.scrapes._value.get()
     assert scrapes == 1, "concurrent scrapes of one format were produced separately"
 
 

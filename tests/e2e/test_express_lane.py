@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -29,14 +30,14 @@ from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
 from ..otlp_samples import librdkafka_like_payload
-from ..support import RawClient, encode_request
+from ..support import RawClient, encode_request, value_of
 from .test_parking import all_ended, closed_by_proxy, connected, parked, parked_gauge, session_tasks
 from .test_parking import start_proxy as start_parking_proxy
 from .test_proxy_inprocess import METADATA_V12
 
-TOPICS = {"topics": [{"topic_id": str(uuid.UUID(int=0)), "name": f"t{i:05}"}
-                     for i in range(6000)],
-          "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+TOPICS: dict[str, Any] = {
+    "topics": [{"topic_id": str(uuid.UUID(int=0)), "name": f"t{i:05}"} for i in range(6000)],
+    "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ async def warmed(proxy: Proxy, client: RawClient) -> None:
     await parked(proxy)
 
 
-async def metadata(client: RawClient, cid: int) -> dict[str, object]:
+async def metadata(client: RawClient, cid: int) -> dict[str, Any]:
     resp = await client.request(api_keys.METADATA, 12, cid, METADATA_V12)
     assert resp.header.correlation_id == cid
     return resp.body
@@ -94,7 +95,7 @@ async def test_a_busy_session_stays_parked_while_the_lane_answers_in_order(
     before, handed = lane_requests(proxy), handbacks(proxy)
     for cid in range(2, 202):  # back to back: it never idles, and never needs trio
         body = await metadata(client, cid)
-        assert [b["port"] for b in body["brokers"]] == [  # type: ignore[index]
+        assert [b["port"] for b in body["brokers"]] == [
             proxy.config.broker_port_base + n for n in (0, 1)]
         assert session.parked and session_tasks() == 0
     # Pipelined requests, answered in order from one receive.
@@ -301,7 +302,7 @@ async def test_a_new_broker_in_an_answer_has_its_listener_before_the_client_sees
     fake.hidden = set()
     body = await metadata(client, 3)
     port = proxy.config.broker_port_base + 1
-    assert port in [b["port"] for b in body["brokers"]]  # type: ignore[index]
+    assert port in [b["port"] for b in body["brokers"]]
     stream = await trio.open_tcp_stream("127.0.0.1", port)  # no wait: already listening
     await stream.aclose()
     assert handbacks(proxy) == handed + 1  # the lane left the change to trio
@@ -486,7 +487,7 @@ def test_a_real_producer_and_consumer_through_the_lane(
         delivered: list[bytes] = []
         for i in range(2000):
             producer.produce(topic, f"m{i}".encode(), key=b"k",
-                             on_delivery=lambda err, msg: delivered.append(msg.value())
+                             on_delivery=lambda err, msg: delivered.append(value_of(msg))
                              if err is None else None)
             assert producer.flush(30) == 0
         assert delivered == [f"m{i}".encode() for i in range(2000)]
@@ -498,7 +499,7 @@ def test_a_real_producer_and_consumer_through_the_lane(
         while len(got) < 2000 and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                got.append(msg.value())
+                got.append(value_of(msg))
         consumer.close()
         assert got == delivered
         assert metric_value(kp.http_port, "kproxy_express_lane_requests_total") >= 1500

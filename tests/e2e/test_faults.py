@@ -17,7 +17,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, free_port, kproxy_process
+from ..support import KproxyProcess, free_port, kproxy_process, value_of
 from .test_rebootstrap_e2e import read_partition
 
 
@@ -140,7 +140,7 @@ def test_consumer_group_carries_on_after_the_broker_is_killed_and_restarted(
                     while not stop.is_set():
                         msg = c.poll(0.5)
                         if msg is not None and not msg.error():
-                            seen.append(int(msg.value()))
+                            seen.append(int(value_of(msg)))
                 finally:
                     c.close()
 

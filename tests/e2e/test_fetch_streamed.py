@@ -43,6 +43,7 @@ from kproxy.embedded_broker import TansuBroker
 from kproxy.policies.rewrite import PAD_TAG
 from kproxy.runtime.server import Proxy
 from kproxy.session import relay, splice
+from kproxy.session import streamed as streamed_module
 from kproxy.session.relay import RECV_BYTES
 from kproxy.session.streamed import SKELETON_BYTES
 
@@ -214,7 +215,7 @@ def streamed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The correlation ids of the responses relayed by ``stream_through`` (a spy: the
     real function does the work)."""
     cids: list[int] = []
-    real = relay.stream_through
+    real = streamed_module.stream_through  # the function relay.py calls by this name
 
     async def spy(session: Any, upstream: Any, reader: Any, charge: Any, slot: Any,
                   *rest: Any) -> None:

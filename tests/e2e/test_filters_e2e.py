@@ -27,7 +27,7 @@ from kproxy.codecs.record_batch import encode_batch, encode_records
 from kproxy.embedded_broker import TansuBroker
 
 from ..produce_frames import produce_body
-from ..support import KproxyProcess, encode_request, kproxy_process, metric_value
+from ..support import KproxyProcess, encode_request, kproxy_process, metric_value, value_of
 
 pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,17 +82,18 @@ def _consume(kp: KproxyProcess, topic: str, partitions: int = 1) -> list[bytes]:
     c = Consumer({"bootstrap.servers": kp.bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
                   "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values, ended = [], set()
+    values: list[bytes] = []
+    ended: set[int | None] = set()
     deadline = time.monotonic() + 30
     while len(ended) < partitions and time.monotonic() < deadline:
         msg = c.poll(0.5)
         if msg is None:
             continue
-        if msg.error():
-            if msg.error().code() == -191:  # _PARTITION_EOF
+        if (error := msg.error()) is not None:
+            if error.code() == -191:  # _PARTITION_EOF
                 ended.add(msg.partition())
             continue
-        values.append(msg.value())
+        values.append(value_of(msg))
     c.close()
     assert len(ended) == partitions, "did not reach the end of the topic"
     return values

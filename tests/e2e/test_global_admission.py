@@ -61,7 +61,7 @@ async def until(check: Callable[[], object], what: str, timeout: float = 30) -> 
         while True:
             result = check()
             if hasattr(result, "__await__"):
-                result = await result  # type: ignore[misc]
+                result = await result
             if result:
                 return
             await trio.sleep(0.05)

@@ -59,7 +59,7 @@ def value(kp: KproxyProcess, name: str, group: str) -> float | None:
     return found[0][1] if found else None
 
 
-def wait_for(what: str, check: Callable[[], bool], step: Callable[[], None]) -> None:
+def wait_for(what: str, check: Callable[[], bool], step: Callable[[], object]) -> None:
     deadline = time.monotonic() + DEADLINE
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -167,7 +167,9 @@ def test_lag_follows_commits_and_high_watermarks(proxy: KproxyProcess) -> None:
     while consumed < 4_000 and time.monotonic() < deadline:
         for msg in c.consume(min(500, 4_000 - consumed), timeout=0.5):
             assert not msg.error()
-            positions[msg.partition()] = msg.offset() + 1
+            partition, offset = msg.partition(), msg.offset()
+            assert partition is not None and offset is not None
+            positions[partition] = offset + 1
             consumed += 1
     assert consumed == 4_000
     # Commit the position of both partitions (one may not have been read from yet: its
@@ -188,7 +190,9 @@ def test_lag_follows_commits_and_high_watermarks(proxy: KproxyProcess) -> None:
     while consumed < 10_000 and time.monotonic() < deadline:
         for msg in c.consume(500, timeout=0.5):
             assert not msg.error()
-            positions[msg.partition()] = msg.offset() + 1
+            partition, offset = msg.partition(), msg.offset()
+            assert partition is not None and offset is not None
+            positions[partition] = offset + 1
             consumed += 1
     assert consumed == 10_000
     c.commit(asynchronous=False)

@@ -23,7 +23,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker, wait_for_port
 
-from ..support import free_port
+from ..support import free_port, value_of
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deploy"))
@@ -174,7 +174,7 @@ def test_image_runs_proxies_drains_and_reports(container: Container, tmp_path: P
             producer.poll(0.05)
             msg = consumer.poll(0.05)
             if msg is not None and not msg.error():
-                got.append(msg.value())
+                got.append(value_of(msg))
             if got and "org_apache_kafka_producer_" in container.metrics() \
                     and "org_apache_kafka_consumer_" in container.metrics():
                 break

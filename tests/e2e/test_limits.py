@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -33,7 +34,7 @@ METADATA = {"topics": [], "allow_auto_topic_creation": False,
             "include_topic_authorized_operations": False}
 
 
-async def start(nursery: trio.Nursery, fake: FakeBroker, **overrides: object) -> Proxy:
+async def start(nursery: trio.Nursery, fake: FakeBroker, **overrides: Any) -> Proxy:
     proxy = Proxy(make_config(fake.bootstrap, node_id_range="0-0", **overrides))
     started: Proxy = await nursery.start(lambda task_status: proxy.run(
         handle_signals=False, task_status=task_status))

@@ -260,8 +260,8 @@ async def test_fetches_that_must_be_rewritten_wait_for_room(
                         msg = c.poll(0.5)
                         if msg is None:
                             continue
-                        if msg.error():
-                            if msg.error().code() == KafkaError._PARTITION_EOF and n:
+                        if (error := msg.error()) is not None:
+                            if error.code() == KafkaError._PARTITION_EOF and n:
                                 break
                             continue
                         n += 1

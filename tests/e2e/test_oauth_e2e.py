@@ -110,9 +110,13 @@ def _oauth_login(kp: KproxyProcess, token: Callable[[], str], timeout: float = 1
         value = token()
         return value, time.time() + 300
 
-    admin = AdminClient({"bootstrap.servers": kp.bootstrap, "security.protocol":
-                         "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER", "log_level": 0,
-                         "oauth_cb": oauth_cb, "error_cb": errors.append})
+    # The callbacks are config entries librdkafka's Python binding takes; its stubs type
+    # the values as scalars only.
+    config: dict[str, Any] = {"bootstrap.servers": kp.bootstrap,
+                              "security.protocol": "SASL_PLAINTEXT",
+                              "sasl.mechanism": "OAUTHBEARER", "log_level": 0,
+                              "oauth_cb": oauth_cb, "error_cb": errors.append}
+    admin = AdminClient(config)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -182,7 +186,7 @@ def test_session_lifetime_is_the_tokens(bed: tuple[KproxyProcess, Jwks, Path]) -
         sock.sendall(encode_request(api_keys.SASL_HANDSHAKE, 1, 1, {"mechanism": "OAUTHBEARER"}))
         sock.sendall(encode_request(api_keys.SASL_AUTHENTICATE, 2, 2,
                                     {"auth_bytes": client_message(token)}))
-        frames = []
+        frames: list[bytes] = []
         data = b""
         while len(frames) < 2:
             data += sock.recv(65536)

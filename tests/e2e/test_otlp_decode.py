@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.telemetry.pacing import Pacer
 
 from ..hostile_pusher import bomb, varint
-from ..otlp_samples import kv, librdkafka_like_payload, real_payloads
+from ..otlp_samples import as_temporality, kv, librdkafka_like_payload, real_payloads
 
 
 def reference(payload: bytes) -> list[otlp.ResourceMetrics]:
@@ -46,9 +46,10 @@ def reference(payload: bytes) -> list[otlp.ResourceMetrics]:
                     metric.temporality = otlp.TEMPORALITY[data.aggregation_temporality]
                 if which == "sum":
                     metric.monotonic = data.is_monotonic
-                convert = {"gauge": otlp.number_point, "sum": otlp.number_point,
-                           "histogram": otlp.histogram_point,
-                           "summary": otlp.summary_point}.get(which)
+                converters: dict[str, Callable[[Any], Any]] = {
+                    "gauge": otlp.number_point, "sum": otlp.number_point,
+                    "histogram": otlp.histogram_point, "summary": otlp.summary_point}
+                convert = converters.get(which)
                 if convert is not None:
                     metric.points = [convert(p) for p in data.data_points]
                 metrics.append(metric)
@@ -68,10 +69,10 @@ def _mixed_payload() -> bytes:
         s.summary.data_points.add(count=2, sum=3.0, attributes=[kv("a", "b")])
         s.summary.data_points[0].quantile_values.add(quantile=0.5, value=1.0)
         e = sm.metrics.add(name="exp")
-        e.exponential_histogram.aggregation_temporality = 1
+        e.exponential_histogram.aggregation_temporality = as_temporality(1)
         e.exponential_histogram.data_points.add(count=1)
         d = sm.metrics.add(name="delta.sum")
-        d.sum.aggregation_temporality, d.sum.is_monotonic = 1, False
+        d.sum.aggregation_temporality, d.sum.is_monotonic = as_temporality(1), False
         d.sum.data_points.add(as_double=2.5, attributes=[kv("flag", True), kv("n", 1.5)])
         sm.metrics.add(name="empty")
     return md.SerializeToString()

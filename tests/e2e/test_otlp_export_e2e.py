@@ -146,7 +146,7 @@ def test_export_matches_what_librdkafka_pushed(backend: TansuBroker, tmp_path: P
     assert "content-encoding" not in first.headers
 
     # What the client pushed, as the proxy's archive recorded it (completed on shutdown).
-    pushed = []
+    pushed: list[metrics_pb2.ResourceMetrics] = []
     for part in archive.glob("telemetry/date=*/hour=*/part-*.jsonl"):
         for line in part.read_text().splitlines():
             data = json_format.Parse(line, metrics_pb2.MetricsData())
@@ -300,7 +300,7 @@ def test_https_collector_with_client_certificate(backend: TansuBroker, tmp_path:
             traffic.close()
     assert fake.url.startswith("https://") and exported(fake)
     names = {tuple(name) for cert in fake.peer_certs
-             for name in cert.get("subjectAltName", ())}  # type: ignore[attr-defined]
+             for name in cert.get("subjectAltName", ())}
     assert ("DNS", "kproxy.test") in names  # the proxy's client certificate
 
 

@@ -79,7 +79,7 @@ async def test_either_socket_wakes_its_session_once_and_says_which(
     # stream wakes it, and bytes waiting on the client side do not wake it twice.
     s.client.recv(1)
     s.upstream.recv(1)
-    assert park.park(s)  # type: ignore[arg-type]
+    assert park.park(s)
     s.upstream_peer.close()
     await woken(s, 2)
     assert s.woken[1] == s.upstream.fileno()

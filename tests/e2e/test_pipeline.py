@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ def report(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def table(spark: object, report: Path, name: str) -> list[dict[str, object]]:
+def table(spark: object, report: Path, name: str) -> list[dict[str, Any]]:
     df = spark.read.parquet(str(report / "tables" / name))  # type: ignore[attr-defined]
     return [r.asDict() for r in df.collect()]
 
@@ -100,8 +101,8 @@ def test_rebootstrap_readiness_matches(spark: object, report: Path) -> None:
         ready[(name, ver)] += v >= 13
     got = {(r["software_name"], r["software_version"]): r
            for r in table(spark, report, "rebootstrap_readiness")}
-    for key, n in ready.items():
-        assert got[key]["ready"] == n
+    for client, n in ready.items():
+        assert got[client]["ready"] == n
     assert got[("confluent-kafka-python", "2.16.1-rdkafka-2.16.0")]["ready_ratio"] == 1.0
     # aiokafka sends ApiVersions v0 (no software name) and Metadata v5: not ready.
     assert got[("(unknown)", "(unknown)")]["not_ready"] >= 1
@@ -118,7 +119,7 @@ def test_per_instance_latency_matches(spark: object, report: Path) -> None:
         assert got[instance]["produce_request_latency_ms"] == pytest.approx(mean(values))
     slowest = table(spark, report, "slowest_instances")
     assert 1 <= len(slowest) <= 3
-    ranked = sorted(slowest, key=lambda r: r["rank"])  # type: ignore[arg-type,return-value]
+    ranked = sorted(slowest, key=lambda r: r["rank"])
     top = max(by_instance, key=lambda i: mean(by_instance[i]))
     assert ranked[0]["instance_id"] == top
 
@@ -164,7 +165,7 @@ def test_group_rebalances_table_and_report_section(spark: object, tmp_path: Path
 
     archive = tmp_path / "archive"
     writer = ArchiveWriter(ArchiveSettings(archive)).start()
-    events = []
+    events: list[dict[str, Any]] = []
     base = 1_800_000_000.0
     for i in range(12):  # "storm": 10 rebalances within one hour, "calm": 2 a day apart
         group = "storm" if i < 10 else "calm"

@@ -10,6 +10,7 @@ import json
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -33,7 +34,7 @@ VECTORS = Path(__file__).parent.parent / "vectors"
 
 async def start_proxy(nursery: trio.Nursery, upstream: str,
                       local_handlers: dict[int, LocalHandler] | None = None,
-                      **overrides: object) -> Proxy:
+                      **overrides: Any) -> Proxy:
     proxy = Proxy(make_config(upstream, **overrides), local_handlers=local_handlers)
     started: Proxy = await nursery.start(lambda task_status: proxy.run(
         handle_signals=False, task_status=task_status))
@@ -266,8 +267,8 @@ async def test_reuse_port_lets_two_proxies_share_their_ports(
 
     try:
         listen_port, base = free_port(), broker_port_base()
-        shared = {"listen": f"127.0.0.1:{listen_port}", "broker_port_base": base,
-                  "reuse_port": "on"}
+        shared: dict[str, Any] = {"listen": f"127.0.0.1:{listen_port}",
+                                  "broker_port_base": base, "reuse_port": "on"}
         proxies = [await start_proxy(nursery, tansu_bg.bootstrap, **shared) for _ in range(2)]
         assert [p.bootstrap_port for p in proxies] == [listen_port, listen_port]
         clients = [await RawClient.connect(listen_port) for _ in range(16)]

@@ -23,7 +23,7 @@ from kproxy.codecs import api_keys
 from kproxy.codecs.framing import FrameReader
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, encode_request, kproxy_process, wait_until
+from ..support import KproxyProcess, encode_request, kproxy_process, value_of, wait_until
 
 pytestmark = pytest.mark.broker
 QUOTA = 400 * 1024  # alice's produce bytes per second, over all workers
@@ -154,7 +154,7 @@ def test_fetch_quota_throttles_the_consumer(proxy: KproxyProcess) -> None:
         while read < expected and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and not msg.error():
-                read += len(msg.value())
+                read += len(value_of(msg))
         elapsed = time.monotonic() - began
     finally:
         consumer.close()

@@ -19,7 +19,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import kproxy_process
+from ..support import kproxy_process, value_of
 
 pytestmark = pytest.mark.broker
 
@@ -73,7 +73,7 @@ def read_all(bootstrap: str, topic: str) -> list[int]:
         for msg in poll_while_progressing(c):
             if msg.error():
                 break  # partition EOF
-            out.append(int(msg.value()))
+            out.append(int(value_of(msg)))
     finally:
         c.close()
     return out
@@ -128,7 +128,7 @@ def swap(blue: TansuBroker, green: TansuBroker, tmp_path: Path,
         def read_some() -> None:
             msg = consumer.poll(0.01)
             if msg is not None and not msg.error():
-                consumed.append(int(msg.value()))
+                consumed.append(int(value_of(msg)))
 
         try:
             sp.run(6.0, read_some)
@@ -173,7 +173,7 @@ def check_swap(blue: TansuBroker, green: TansuBroker, r: dict[str, object],
     assert isinstance(consumed, list)
     green_set = set(on_green)
     # The group re-formed on green and reads what is produced there.
-    assert any(v >= r["sent_before_swap"] and v in green_set for v in consumed)  # type: ignore[operator]
+    assert any(v >= r["sent_before_swap"] and v in green_set for v in consumed)
     metrics, log = str(r["metrics"]), str(r["log"])
     # One rebootstrap per change: every connection to blue is closed (its backend is
     # gone) and its replacement starts at the new epoch, so nobody is also told.
@@ -288,12 +288,12 @@ def read_partition(bootstrap: str, topic: str, expect: int,
     out: list[tuple[int, int]] = []
     try:
         for msg in poll_while_progressing(c):
-            if msg.error():
+            if (error := msg.error()) is not None:
                 if (eof_after is not None and len(out) >= eof_after
-                        and msg.error().code() == KafkaError._PARTITION_EOF):
+                        and error.code() == KafkaError._PARTITION_EOF):
                     break
                 continue
-            out.append((msg.offset(), int(msg.value())))
+            out.append((msg.offset(), int(value_of(msg))))
             if len(out) >= expect:
                 break
     finally:

@@ -185,7 +185,11 @@ def test_a_virtual_cluster_listener_needs_a_login_too(
     producer = Producer(_ck(kp, "SCRAM-SHA-256", "alice", "alice-secret",
                             **{"bootstrap.servers": f"127.0.0.1:{vc}"}))
     failed: list[object] = []
-    producer.produce(topic, b"x", on_delivery=lambda err, _m: err and failed.append(err))
+
+    def report(err: object, _msg: object) -> None:
+        if err:
+            failed.append(err)
+    producer.produce(topic, b"x", on_delivery=report)
     assert producer.flush(30) == 0 and not failed, failed
     # On the backend the topic carries the tenant's prefix.
     admin = AdminClient(_ck(kp, "PLAIN", "alice", "alice-secret"))

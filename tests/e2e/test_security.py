@@ -26,7 +26,7 @@ from kproxy.embedded_broker import TansuBroker
 from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
-from ..support import RawClient, encode_request, free_port, http_get, make_config
+from ..support import RawClient, encode_request, free_port, http_get, make_config, value_of
 from ..tls_front import serve_tls_front
 
 TOPIC_MESSAGES = 50
@@ -66,7 +66,7 @@ def pki(tmp_path: Path) -> Pki:
                paths["client_key"], paths["other_ca"])
 
 
-async def start_proxy(nursery: trio.Nursery, upstream: str, **overrides: object) -> Proxy:
+async def start_proxy(nursery: trio.Nursery, upstream: str, **overrides: Any) -> Proxy:
     proxy = Proxy(make_config(upstream, **overrides))
     started: Proxy = await nursery.start(lambda task_status: proxy.run(
         handle_signals=False, task_status=task_status))
@@ -90,11 +90,11 @@ def round_trip(conf: dict[str, Any], topic: str, n: int = TOPIC_MESSAGES) -> lis
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == -191:  # partition EOF
+            if (error := msg.error()) is not None:
+                if error.code() == -191:  # partition EOF
                     break
                 continue
-            got.append(msg.value())
+            got.append(value_of(msg))
     finally:
         consumer.close()
     return got
@@ -120,7 +120,7 @@ async def closed_by_proxy(client: RawClient, timeout: float = 5) -> bool:
 
 
 def tls_raw(stream: trio.SocketStream, ctx: ssl.SSLContext, name: str) -> RawClient:
-    client = RawClient(stream)  # type: ignore[arg-type]
+    client = RawClient(stream)
     client.stream = trio.SSLStream(stream, ctx, server_hostname=name)  # type: ignore[assignment]
     return client
 
@@ -139,6 +139,7 @@ async def test_tls_clients_produce_and_consume_through_the_proxy(
     got = await trio.to_thread.run_sync(round_trip, conf, "tls-topic")
     assert got == [f"m{i}".encode() for i in range(TOPIC_MESSAGES)]
     # A plaintext client on the TLS port gets nowhere, and the failure is counted.
+    assert proxy.bootstrap_port is not None
     raw = await RawClient.connect(proxy.bootstrap_port)
     await raw.send(encode_request(api_keys.API_VERSIONS, 3, 1, API_VERSIONS_V3))
     assert await closed_by_proxy(raw)

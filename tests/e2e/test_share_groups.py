@@ -114,7 +114,7 @@ def test_kio_frames_rewritten_field_by_field(api_key: int, module: str, version:
 
 
 def test_share_and_produce_v13_advertised_not_hidden() -> None:
-    body = {"error_code": 0, "api_keys": [
+    body: dict[str, Any] = {"error_code": 0, "api_keys": [
         {"api_key": api_keys.PRODUCE, "min_version": 0, "max_version": 13},
         {"api_key": api_keys.SHARE_FETCH, "min_version": 1, "max_version": 2},
         {"api_key": api_keys.SHARE_ACKNOWLEDGE, "min_version": 1, "max_version": 2},

@@ -13,6 +13,7 @@ confluent-kafka through tansu.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import socket
 import struct
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -35,7 +37,7 @@ from kproxy.session.relay import PEEK_BYTES, RECV_BYTES
 from kproxy.session.transport import SocketTransport
 
 from ..fake_broker import FakeBroker
-from ..support import RawClient
+from ..support import RawClient, value_of
 from .test_proxy_inprocess import start_proxy
 from .test_security import metric
 
@@ -178,14 +180,14 @@ async def interleaved(proxy: Proxy, broker: SplitEchoBroker) -> None:
             wires.append(echo_request(cid, rng.choice([300, THRESHOLD * 3]), size, 0))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(client.send, b"".join(wires))  # it reads while this writes
-        for cid, size in plan:
+        for cid, echoed in plan:
             frame = await client.read_frame()
             assert frame is not None, "connection closed"
             assert struct.unpack_from(">i", frame)[0] == cid, "answers out of order"
-            if size is None:
+            if echoed is None:
                 assert struct.unpack_from(">h", frame, 4)[0] == 35  # UNSUPPORTED_VERSION
             else:
-                assert struct.pack(">i", len(frame)) + frame == echo_response(cid, size)
+                assert struct.pack(">i", len(frame)) + frame == echo_response(cid, echoed)
     await client.aclose()
     echoes = [w for w in wires if peek_request(w[4:]).api_key == api_keys.FETCH]
     assert broker.received[-len(echoes):] == echoes
@@ -269,18 +271,18 @@ async def test_a_drained_source_is_waited_for_not_asked_again(
     """``splice_exactly`` moves every byte, and after a splice that emptied the source's
     queue it waits for it instead of asking again (a system call that finds nothing)."""
     calls: list[tuple[int, int | None]] = []  # (source descriptor, bytes or None: EAGAIN)
-    real = splice.os.splice
+    real = os.splice  # what splice.py calls, looked up on the os module at each call
 
-    def counting(src: int, dst: int, count: int, *args: object) -> int:
+    def counting(src: int, dst: int, count: int, *args: Any) -> int:
         try:
-            got = real(src, dst, count, *args)  # type: ignore[arg-type]
+            got = real(src, dst, count, *args)
         except BlockingIOError:
             calls.append((src, None))
             raise
         calls.append((src, got))
         return got
 
-    monkeypatch.setattr(splice.os, "splice", counting)
+    monkeypatch.setattr(os, "splice", counting)
     a, a_peer = trio.socket.socketpair()
     b, b_peer = trio.socket.socketpair()
     data = filler(300_000, 5)
@@ -457,9 +459,7 @@ def _produce_and_consume(bootstrap: str, topic: str, values: list[bytes]) -> lis
                     break
                 assert err.code() == KafkaError._PARTITION_EOF, err
                 continue
-            value = msg.value()
-            assert value is not None
-            got.append(value)
+            got.append(value_of(msg))
     finally:
         consumer.close()
     return got

@@ -83,7 +83,7 @@ def groups(snap: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def wait_for(predicate: Callable[[], object], timeout: float,
-             step: Callable[[], None] | None = None) -> bool:
+             step: Callable[[], object] | None = None) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         (step or (lambda: time.sleep(0.3)))()

@@ -34,7 +34,7 @@ async def start(nursery: trio.Nursery, fake: FakeBroker, tmp_path: Path, interva
     cfg_file = tmp_path / "kproxy.toml"
     cfg_file.write_text(f'[[telemetry.subscriptions]]\nname = "all"\nmetrics = ["*"]\n'
                         f'interval_ms = {interval_ms}\n')
-    proxy = Proxy(make_config(fake.bootstrap, config_file=cfg_file, node_id_range="0-0",
+    proxy = Proxy(make_config(fake.bootstrap, cfg_file, node_id_range="0-0",
                               **overrides))
     started: Proxy = await nursery.start(lambda task_status: proxy.run(
         handle_signals=False, task_status=task_status))
@@ -160,7 +160,7 @@ async def test_sighup_style_reload_makes_the_subscription_stale(
     cfg_file = tmp_path / "kproxy.toml"
     cfg_file.write_text('[[telemetry.subscriptions]]\nmetrics = ["org.apache.kafka.producer."]'
                         "\ninterval_ms = 200\n")
-    proxy.reload_config = lambda: make_config(fake.bootstrap, config_file=cfg_file,
+    proxy.reload_config = lambda: make_config(fake.bootstrap, cfg_file,
                                               node_id_range="0-0")
     assert await proxy.reload()
     await trio.sleep(0.25)

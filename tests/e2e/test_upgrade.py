@@ -25,7 +25,7 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker, wait_for_port
 
-from ..support import broker_port_base, free_port, stop_process
+from ..support import broker_port_base, free_port, stop_process, value_of
 
 pytestmark = pytest.mark.broker
 REPLACEMENTS = 3
@@ -133,7 +133,7 @@ def consume(bootstrap: str, topic: str, traffic: Traffic, done: threading.Event)
             if msg.error():
                 traffic.errors.append(f"consumer: {msg.error()}")
                 continue
-            traffic.consumed.append(int(msg.value()))
+            traffic.consumed.append(int(value_of(msg)))
             traffic.consumed_at.append(time.monotonic())
     except Exception as exc:
         traffic.errors.append(f"consumer: {exc!r}")
@@ -156,11 +156,11 @@ def read_back(bootstrap: str, topic: str, expected: int) -> list[int]:
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF and len(out) >= expected:
+            if (error := msg.error()) is not None:
+                if error.code() == KafkaError._PARTITION_EOF and len(out) >= expected:
                     break
                 continue
-            out.append(int(msg.value()))
+            out.append(int(value_of(msg)))
     finally:
         consumer.close()
     return out

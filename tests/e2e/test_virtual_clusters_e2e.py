@@ -16,13 +16,21 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kproxy.codecs.messages import decode_response
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, broker_port_base, free_port, kproxy_process, metric_value
+from ..support import (
+    KproxyProcess,
+    broker_port_base,
+    free_port,
+    kproxy_process,
+    metric_value,
+    value_of,
+)
 
 pytestmark = pytest.mark.broker
 TENANTS = ("alpha", "beta")
@@ -78,14 +86,15 @@ def _confluent(bootstrap: str, topic: str, group: str, value: bytes) -> tuple[li
         msg = consumer.poll(0.5)
         if msg is None:
             continue
-        if msg.error():
-            if msg.error().code() == KafkaError._PARTITION_EOF and got:
+        if (error := msg.error()) is not None:
+            if error.code() == KafkaError._PARTITION_EOF and got:
                 break
             continue
-        got.append(msg.value())
+        got.append(value_of(msg))
     consumer.commit(asynchronous=False)
     consumer.close()
     cluster_id = admin.list_topics(timeout=10).cluster_id
+    assert cluster_id is not None
     return got, cluster_id
 
 
@@ -205,11 +214,11 @@ def test_transactions_with_the_same_transactional_id(bed: Bed) -> None:
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF and got:
+            if (error := msg.error()) is not None:
+                if error.code() == KafkaError._PARTITION_EOF and got:
                     break
                 continue
-            got.append(msg.value())
+            got.append(value_of(msg))
         consumer.close()
         assert got == [f"tx-{tenant}".encode()]
 
@@ -358,8 +367,10 @@ def test_a_reload_applies_a_virtual_clusters_filters(bed: Bed) -> None:
         errors: dict[str, int] = {}
         for tenant in TENANTS:
             producer = Producer({"bootstrap.servers": bed.bootstrap(tenant), "retries": 0})
-            producer.produce("json-events", b"not json", on_delivery=lambda err, _m, t=tenant:
-                             errors.__setitem__(t, err.code() if err else 0))
+
+            def report(err: Any, _m: object, t: str = tenant) -> None:
+                errors[t] = err.code() if err else 0
+            producer.produce("json-events", b"not json", on_delivery=report)
             assert producer.flush(20) == 0
         assert errors == {"alpha": KafkaError.INVALID_RECORD, "beta": 0}
     finally:

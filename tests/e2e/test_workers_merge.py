@@ -154,8 +154,10 @@ def test_a_group_whose_members_sit_on_both_workers(tansu: TansuBroker, tmp_path:
         # worker has odds of 1 in 2,048 with 12; it had 1 in 128 with the earlier 8.
         for n in range(1, 13):
             leavers.append(add()[1])
-            wait_for(f"{n} members", lambda n=n: sum(
-                group_view(p, "split")[0] for p in ports) >= n)
+
+            def joined(n: int = n) -> bool:
+                return sum(group_view(p, "split")[0] for p in ports) >= n
+            wait_for(f"{n} members", joined)
             if all(group_view(p, "split")[0] for p in ports):
                 break
         assert all(group_view(p, "split")[0] for p in ports), "members on one worker only"
@@ -217,8 +219,11 @@ def connect_to(kp: KproxyProcess, ports: list[int], worker: int) -> Conn:
         before = handled_by(ports, "ApiVersions")
         conn = Conn(kp.bootstrap_port)
         conn.request(api_keys.API_VERSIONS, {})
-        after = wait_for("ApiVersions counted", lambda before=before: (
-            a if (a := handled_by(ports, "ApiVersions")) != before else None), 10)
+
+        def counted(before: list[float] = before) -> list[float] | None:
+            a = handled_by(ports, "ApiVersions")
+            return a if a != before else None
+        after = wait_for("ApiVersions counted", counted, 10)
         if after[worker] > before[worker]:
             return conn
         conn.sock.close()

@@ -112,7 +112,7 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
 
                 def counted(n: int = n) -> bool:  # a worker's snapshot is at most 1 s old
                     own[:] = [status(port) for port in ports]
-                    return sum(s["clients"]["connections"] for s in own) >= n
+                    return bool(sum(s["clients"]["connections"] for s in own) >= n)
 
                 wait_for(counted, 30, f"the workers do not count {n} clients")
                 if all(s["clients"]["connections"] for s in own):
@@ -168,7 +168,8 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
         _, headers, om = get(kp.http_port, "/metrics", {"accept": OPENMETRICS})
         assert headers["content-type"].startswith("application/openmetrics-text")
         assert om.endswith(b"# EOF\n") and om.count(b"# EOF") == 1
-        families = {f.name: f for f in text_string_to_metric_families(om.decode())}
+        families = {f.name: f for f in text_string_to_metric_families(  # type: ignore[no-untyped-call]
+            om.decode())}
         assert families["kproxy_worker_restarts"].type == "counter"
         assert families["kproxy_workers"].samples[0].value == 2
         assert all(f.documentation for f in families.values())

@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from kproxy.embedded_broker import TansuBroker
-from tests.support import kproxy_process
+from tests.support import kproxy_process, value_of
 
 TOPIC = "soak"
 
@@ -112,7 +112,7 @@ def consume(bootstrap: str, stop: threading.Event, seen: list[int]) -> None:
         while not stop.is_set():
             msg = consumer.poll(0.5)
             if msg is not None and not msg.error():
-                seen.append(int(msg.value()))
+                seen.append(int(value_of(msg)))
     finally:
         consumer.close()
 

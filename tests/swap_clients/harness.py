@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..support import value_of
+
 HERE = Path(__file__).resolve().parent
 JS_MODULES = HERE.parent / "js" / "node_modules"
 PYTHON_CLIENTS = ("confluent-kafka", "kafka-python", "aiokafka")
@@ -170,12 +172,12 @@ class Cluster:
                 msg = c.poll(0.5)
                 if msg is None:
                     continue
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                if (error := msg.error()) is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         break
                     continue
                 quiet_until = time.monotonic() + 60
-                out.append(int(msg.value()))
+                out.append(int(value_of(msg)))
         finally:
             c.close()
         return out
@@ -292,13 +294,13 @@ def run_swaps(blue_bootstrap: str, green_bootstrap: str, work: Path,
             for i in range(swaps):
                 target = "green" if i % 2 == 0 else "blue"
                 new = clusters[target]
-                wait_until(lambda t=steady_since: time.monotonic() >= t + DWELL_S,  # type: ignore[misc]
+                wait_until(lambda t=steady_since: time.monotonic() >= t + DWELL_S,
                            DWELL_S + 1, "steady streaming", running)
                 base = {c: new.high_watermark(topics[c]) for c in clients}
                 cfg.write_text(f'upstream = "{new.bootstrap}"\n')
                 swapped.append((time.time(), target))
                 kp.signal(signal.SIGHUP)
-                wait_until(lambda n=new, b=base: all(  # type: ignore[misc]
+                wait_until(lambda n=new, b=base: all(
                     n.high_watermark(topics[c]) >= b[c] + LANDED for c in clients),
                     SWAP_S, f"swap {i + 1} to {target}: a client is not producing there", running)
                 steady_since = time.monotonic()

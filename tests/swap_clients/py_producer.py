@@ -77,11 +77,12 @@ def run_confluent(args: argparse.Namespace, log: Log) -> int:
         # librdkafka's own account of a swap, to stderr (e.g. "broker,metadata,protocol").
         **({"debug": os.environ["SWAP_RDKAFKA_DEBUG"]}
            if os.environ.get("SWAP_RDKAFKA_DEBUG") else {})})
+    def reporter(s: int) -> Callable[[Any, Any], None]:
+        return lambda err, m: log.delivery(s, err, m.offset())
     wait, seq = paced(args.interval, args.stop), 0
     while (delay := wait(seq)) is not None:
         producer.poll(delay)
-        producer.produce(args.topic, str(seq).encode(),
-                         on_delivery=lambda err, m, s=seq: log.delivery(s, err, m.offset()))
+        producer.produce(args.topic, str(seq).encode(), on_delivery=reporter(seq))
         seq += 1
     producer.flush(FLUSH_S)
     return seq

@@ -154,7 +154,7 @@ def _after_header(frame: bytes) -> Reader:
     return r
 
 
-FETCH = {"max_wait_ms": 100, "min_bytes": 1, "topics": [
+FETCH: dict[str, Any] = {"max_wait_ms": 100, "min_bytes": 1, "topics": [
     {"topic": "orders", "partitions": [{"partition": 0, "fetch_offset": 0}]},
     {"topic": "payments", "partitions": [{"partition": 0, "fetch_offset": 0},
                                          {"partition": 1, "fetch_offset": 0}]}]}

@@ -47,7 +47,9 @@ def _render(figures: ApiFigures, openmetrics: bool) -> str:
 
     async def scrape() -> bytes:
         headers = {"accept": "application/openmetrics-text"} if openmetrics else {}
-        return b"".join((await exposition.response(headers)).parts)
+        parts = (await exposition.response(headers)).parts
+        assert parts is not None  # /metrics answers in pieces
+        return b"".join(parts)
 
     return trio.run(scrape).decode()
 

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kproxy.archive import ArchiveSettings, ArchiveWriter
 
@@ -16,7 +17,7 @@ def completed(root: Path, kind: str = "telemetry") -> list[Path]:
     return sorted((root / kind).rglob("part-*.jsonl"))
 
 
-def lines(paths: list[Path]) -> list[dict[str, object]]:
+def lines(paths: list[Path]) -> list[dict[str, Any]]:
     return [json.loads(line) for p in paths for line in p.read_text().splitlines()]
 
 

@@ -67,6 +67,7 @@ async def test_a_reload_to_another_cluster_is_one_change(
     w.rotation.servers = w.state.upstream_servers = [NEW]
     fake_discovery(monkeypatch, lambda _: cluster("green", "10.0.0.2"))
     change = await w.reconfigured(1, 1 << 20)
+    assert change is not None
     assert change.cluster_id == ("blue", "green") and change.reason == "backend"
     assert w.state.epoch == 1  # not a forced bump and then a second one
 
@@ -77,13 +78,13 @@ async def test_a_reload_to_the_same_backend_or_none_is_a_forced_change(
     fake_discovery(monkeypatch, lambda _: cluster("blue", "10.0.0.1"))
     await w.discover_once(1, 1 << 20)
     change = await w.reconfigured(1, 1 << 20)  # the same cluster through the new list
-    assert change.reason == "upstream_reconfigured" and w.state.epoch == 1
+    assert change is not None and change.reason == "upstream_reconfigured" and w.state.epoch == 1
 
     def unreachable(_: BootstrapRotation) -> Seen:
         raise UpstreamUnavailable([(NEW, "refused")])
     fake_discovery(monkeypatch, unreachable)
     change = await w.reconfigured(1, 1 << 20)
-    assert change.reason == "upstream_reconfigured" and w.state.epoch == 2
+    assert change is not None and change.reason == "upstream_reconfigured" and w.state.epoch == 2
 
 
 async def test_a_reload_whose_change_the_periodic_discovery_learned_first_is_still_one(

@@ -60,7 +60,9 @@ def _bomb(kind: CompressionType, total: int) -> bytes:
         return b"".join(co.compress(zeros) for _ in range(steps)) + co.flush()
     if kind is CompressionType.LZ4:
         lc = lz4.frame.LZ4FrameCompressor()
-        return lc.begin() + b"".join(lc.compress(zeros) for _ in range(steps)) + lc.flush()
+        framed: bytes = (lc.begin() + b"".join(lc.compress(zeros) for _ in range(steps))
+                         + lc.flush())
+        return framed
     if kind is CompressionType.ZSTD:
         zc = zstandard.ZstdCompressor().compressobj()
         return b"".join(zc.compress(zeros) for _ in range(steps)) + zc.flush()

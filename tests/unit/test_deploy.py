@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from kproxy.config import settings as config_mod
+from kproxy.policies.addressing import PortMap
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -194,12 +195,19 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
     assert len(cfg.telemetry.settings.subscriptions) == 2
 
 
+def _port(pm: PortMap, node: int) -> int:
+    """The port ``pm`` advertises for ``node``, which must be in its range."""
+    address = pm.advertised(node)
+    assert address is not None, f"node {node} out of the port map's range"
+    return address[1]
+
+
 def test_shared_service_exposes_exactly_the_mapped_broker_ports(tmp_path: Path) -> None:
     shared = {d["kind"]: d for n, d in DOCS if "shared" in n}
     cfg = load_toml_config(shared["ConfigMap"]["data"]["kproxy.toml"], tmp_path)
     pm = cfg.port_map
-    want = {f"broker-{n}": pm.advertised(n)[1] for n in range(cfg.node_id_range[0],
-                                                                 cfg.node_id_range[1] + 1)}
+    want = {f"broker-{n}": _port(pm, n) for n in range(cfg.node_id_range[0],
+                                                      cfg.node_id_range[1] + 1)}
     service = {p["name"]: p["port"] for p in shared["Service"]["spec"]["ports"]}
     container = shared["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     pod = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -210,12 +218,10 @@ def test_shared_service_exposes_exactly_the_mapped_broker_ports(tmp_path: Path) 
 
 def test_documented_port_tables_match_the_code() -> None:
     text = (ROOT / "docs" / "deploy.md").read_text()
-    from kproxy.policies.addressing import PortMap
-
     for first, last in ((0, 5), (1001, 1003)):
         pm = PortMap("h", 9093, 9093, first, last)
         for node in range(first, last + 1):
-            assert f"| {node} | {pm.advertised(node)[1]} |" in text
+            assert f"| {node} | {_port(pm, node)} |" in text
 
 
 def test_dashboard_panels_have_queries() -> None:

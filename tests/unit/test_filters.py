@@ -27,7 +27,7 @@ from kproxy.policies.filters.record_validation import RecordValidation, json_che
 from kproxy.policies.handlers import builtin_filters
 from kproxy.policies.proxy_state import ProxyState
 
-from ..produce_frames import produce_body
+from ..produce_frames import Topics, produce_body
 
 GOOD, BAD = b'{"id": 1}', b"{not json"
 
@@ -83,8 +83,8 @@ def test_a_malformed_batch_is_a_codec_error() -> None:
 
 @pytest.mark.parametrize("version", [3, 8, 9, 12])
 def test_walk_and_rewrite_without_partitions(version: int) -> None:
-    topics = [("a", [(0, encode_batch([(None, GOOD)])), (1, None)]),
-              ("b", [(2, encode_batch([(None, BAD)]))])]
+    topics: Topics = [("a", [(0, encode_batch([(None, GOOD)])), (1, None)]),
+                      ("b", [(2, encode_batch([(None, BAD)]))])]
     frame = produce_body(version, 7, topics)
     req = walk(memoryview(frame))
     assert [(t.topic, [p.index for p in t.partitions]) for t in req.topics] == [

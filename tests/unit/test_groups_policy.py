@@ -221,13 +221,14 @@ def _cgh_exchange(bed: Bed, who: str, corr: int, member: str, epoch: int,
     from kio.schema.errors import ErrorCode as KioError
     from kio.schema.request_header.v2.header import RequestHeader
     from kio.schema.response_header.v1.header import ResponseHeader as KioResponseHeader
+    from kio.schema.types import GroupId, TopicName
     from kio.static.primitive import i16, i32, i32Timedelta
 
     topic = uuid.UUID(int=7)
     req = kreq.ConsumerGroupHeartbeatRequest(
-        group_id="g848", member_id=member, member_epoch=i32(epoch),
+        group_id=GroupId("g848"), member_id=member, member_epoch=i32(epoch),
         rebalance_timeout=i32Timedelta.parse(__import__("datetime").timedelta(seconds=30)),
-        subscribed_topic_names=("t",) if epoch == 0 else None,
+        subscribed_topic_names=(TopicName("t"),) if epoch == 0 else None,
         server_assignor="uniform" if epoch == 0 else None, topic_partitions=None)
     header = RequestHeader(request_api_key=i16(68), request_api_version=i16(0),
                            correlation_id=i32(corr), client_id="kio")

@@ -78,7 +78,7 @@ def test_algorithm_confusion_is_refused() -> None:
                            "exp": int(NOW + 60)}).encode())
     mac = hmac.digest(public, f"{head}.{body}".encode(), "sha256")
     assert _login(f"{head}.{body}.{b64(mac)}")[1] == "algorithm HS256"
-    none_alg = jwt.encode({"sub": "root"}, None, algorithm="none", headers={"kid": "rsa-1"})
+    none_alg = jwt.encode({"sub": "root"}, "", algorithm="none", headers={"kid": "rsa-1"})
     assert _login(none_alg)[0] is None
 
 

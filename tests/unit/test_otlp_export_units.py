@@ -26,6 +26,7 @@ from kproxy.policies.otlp_batch import (
 )
 from kproxy.session.latency_sketch import LatencySketch, bucket_of, merge, quantile, upper_bound
 
+from ..otlp_samples import as_temporality
 from ..support import make_config
 
 
@@ -143,7 +144,7 @@ def metrics_data(resource: dict[str, str], temporality: int) -> bytes:
     sm.scope.name = "scope"
     m = sm.metrics.add()
     m.name = "org.apache.kafka.producer.record.queue.time.max"
-    m.sum.aggregation_temporality = temporality
+    m.sum.aggregation_temporality = as_temporality(temporality)
     m.sum.is_monotonic = True
     dp = m.sum.data_points.add()
     dp.as_int = 42

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kproxy.codecs import api_keys, interpreter
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_response, encode_response_parts
+from kproxy.codecs.primitives import ZERO_UUID
 from kproxy.codecs.schemas import api_versions, node_endpoints
 from kproxy.policies.addressing import BrokerAddress, PortMap
 from kproxy.policies.api_versions import cap_api_versions, default_caps
@@ -77,7 +80,7 @@ def test_find_coordinator_batched_with_out_of_range_and_errors() -> None:
 
 
 def test_describe_cluster() -> None:
-    body = {"cluster_id": "c", "brokers": [
+    body: dict[str, Any] = {"cluster_id": "c", "brokers": [
         {"broker_id": 1002, "host": "b2", "port": 9, "rack": None, "is_fenced": False}]}
     seen = rewrite_describe_cluster(body, PM)
     assert body["brokers"][0]["host"] == "proxy.example" and body["brokers"][0]["port"] == 30001
@@ -87,7 +90,7 @@ def test_describe_cluster() -> None:
 def _fetch_response(version: int, endpoints: list[dict[str, object]] | None) -> bytes:
     body: dict[str, object] = {
         "throttle_time_ms": 0, "error_code": 0, "session_id": 7,
-        "responses": [{"topic": "t", "topic_id": interpreter.ZERO_UUID, "partitions": [
+        "responses": [{"topic": "t", "topic_id": ZERO_UUID, "partitions": [
             {"partition_index": 0, "error_code": 6, "high_watermark": 10,
              "last_stable_offset": 10, "log_start_offset": 0, "aborted_transactions": None,
              "preferred_read_replica": -1, "records": b"RECORD-BYTES" * 10,
@@ -144,7 +147,7 @@ def test_truncated_fetch_is_a_codec_error() -> None:
 
 
 def test_api_versions_capped_and_added() -> None:
-    body = {"error_code": 0, "api_keys": [
+    body: dict[str, Any] = {"error_code": 0, "api_keys": [
         {"api_key": 0, "min_version": 3, "max_version": 14},
         {"api_key": 3, "min_version": 0, "max_version": 14},
         {"api_key": 18, "min_version": 0, "max_version": 5},
@@ -214,7 +217,8 @@ def test_acks0_memory_is_bounded() -> None:
     q = OrderedResponses()
     for cid in range(ACKS0_REMEMBERED * 3):
         q.expect_nothing(cid)
-    assert len(q._acks0) == ACKS0_REMEMBERED
+    acks0 = q._acks0
+    assert acks0 is not None and len(acks0) == ACKS0_REMEMBERED
     assert q.next_upstream(ACKS0_REMEMBERED * 3 - 1) is None
     with pytest.raises(ProtocolViolation):
         q.next_upstream(0)  # forgotten long ago: now it is a protocol error

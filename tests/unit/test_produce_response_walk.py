@@ -39,7 +39,7 @@ partition = st.fixed_dictionaries({
 @st.composite
 def responses(draw: st.DrawFn) -> tuple[int, bytes, bool]:
     version = draw(st.integers(10, 13))
-    topic = {"partition_responses": draw(st.lists(partition, max_size=4))}
+    topic: dict[str, Any] = {"partition_responses": draw(st.lists(partition, max_size=4))}
     topics = draw(st.lists(st.just(topic), max_size=3))
     for t in topics:
         if version >= 13:

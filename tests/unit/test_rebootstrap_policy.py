@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 from kproxy.codecs import api_keys
 from kproxy.codecs.messages import decode_request, decode_response, encode_response_parts
@@ -54,8 +55,8 @@ def _metadata(conn: ConnectionState, version: int = 13) -> int:
     request = _vector("Metadata", "request")
     request = request[:2] + struct.pack(">h", version) + request[4:]
     decision = conn.request(peek_request(request), memoryview(request))
-    upstream_version = version if decision is None else decision.upstream_version
     assert isinstance(decision, Forward | None)
+    upstream_version = version if decision is None else decision.upstream_version
     handled = conn.response(api_keys.METADATA, version, upstream_version,
                             memoryview(_vector("Metadata", "response")))
     assert handled.body is not None
@@ -196,7 +197,8 @@ def test_v13_offered_only_over_a_v12_backend() -> None:
     assert advertised_metadata_max(13) == 13 and advertised_metadata_max(14) == 14
     assert advertised_metadata_max(9) == 9  # v10/v11 bodies differ: no bridge
     assert needs_bridge(13, 12) and not needs_bridge(13, 13) and not needs_bridge(12, 12)
-    body = {"error_code": 0, "api_keys": [{"api_key": 3, "min_version": 0, "max_version": 12}]}
+    body: dict[str, Any] = {"error_code": 0,
+                            "api_keys": [{"api_key": 3, "min_version": 0, "max_version": 12}]}
     assert bridge_metadata_version(body) == 12
     assert body["api_keys"][0]["max_version"] == 13
 

@@ -29,19 +29,21 @@ def frames(corr: int, member: str, epoch: int, resp_epoch: int,
     from kio.schema.response_header.v1.header import ResponseHeader
     from kio.schema.streams_group_heartbeat.v0 import request as kreq
     from kio.schema.streams_group_heartbeat.v0 import response as kresp
+    from kio.schema.types import GroupId, TopicName
     from kio.static.primitive import i8, i16, i32, i32Timedelta, u16
 
     def ms(n: int) -> Any:
         return i32Timedelta.parse(datetime.timedelta(milliseconds=n))
 
     topo = kreq.Topology(epoch=i32(1), subtopologies=(kreq.Subtopology(
-        subtopology_id="0", source_topics=("in",), source_topic_regex=(),
-        state_changelog_topics=(kreq.TopicInfo(name="app-store-changelog", partitions=i32(0),
+        subtopology_id="0", source_topics=(TopicName("in"),), source_topic_regex=(),
+        state_changelog_topics=(kreq.TopicInfo(name=TopicName("app-store-changelog"),
+                                               partitions=i32(0),
                                                replication_factor=i16(0), topic_configs=()),),
         repartition_sink_topics=(), repartition_source_topics=(),
         copartition_groups=()),)) if topology else None
     req = kreq.StreamsGroupHeartbeatRequest(
-        group_id="app", member_id=member, member_epoch=i32(epoch),
+        group_id=GroupId("app"), member_id=member, member_epoch=i32(epoch),
         endpoint_information_epoch=i32(0), rebalance_timeout=ms(30_000), topology=topo,
         active_tasks=None, standby_tasks=None, warmup_tasks=None, process_id="p-1",
         user_endpoint=kreq.Endpoint(host="app-1.internal", port=u16(8080)),
@@ -56,7 +58,8 @@ def frames(corr: int, member: str, epoch: int, resp_epoch: int,
         standby_tasks=None, warmup_tasks=None, endpoint_information_epoch=i32(3),
         partitions_by_user_endpoint=(kresp.EndpointToPartitions(
             user_endpoint=kresp.Endpoint(host="app-1.internal", port=u16(8080)),
-            active_partitions=(kresp.TopicPartition(topic="in", partitions=(i32(0),)),),
+            active_partitions=(kresp.TopicPartition(topic=TopicName("in"),
+                                                    partitions=(i32(0),)),),
             standby_partitions=()),))
     header = RequestHeader(request_api_key=i16(88), request_api_version=i16(0),
                            correlation_id=i32(corr), client_id="streams-app")
@@ -98,7 +101,7 @@ def test_a_streams_group_is_tracked_as_consumer_groups_are_and_relayed_unchanged
 
 
 def test_streams_heartbeat_capped_at_the_version_read_and_describe_left_alone() -> None:
-    body = {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
+    body: dict[str, Any] = {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
         {"api_key": 88, "min_version": 0, "max_version": 1},
         {"api_key": 89, "min_version": 0, "max_version": 1}]}
     cap_api_versions(body, default_caps())
@@ -115,11 +118,12 @@ def share_frames(corr: int, member: str, epoch: int, resp_epoch: int,
     from kio.schema.response_header.v1.header import ResponseHeader
     from kio.schema.share_group_heartbeat.v1 import request as kreq
     from kio.schema.share_group_heartbeat.v1 import response as kresp
+    from kio.schema.types import GroupId, TopicName
     from kio.static.primitive import i16, i32, i32Timedelta
 
     req = kreq.ShareGroupHeartbeatRequest(
-        group_id="shared", member_id=member, member_epoch=i32(epoch), rack_id=None,
-        subscribed_topic_names=("t",) if epoch == 0 else None)
+        group_id=GroupId("shared"), member_id=member, member_epoch=i32(epoch), rack_id=None,
+        subscribed_topic_names=(TopicName("t"),) if epoch == 0 else None)
     assignment = None if partitions is None else kresp.Assignment(topic_partitions=(
         kresp.TopicPartitions(topic_id=uuid.UUID(int=5),
                               partitions=tuple(i32(p) for p in partitions)),))

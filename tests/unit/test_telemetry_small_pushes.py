@@ -28,7 +28,7 @@ from kproxy.policies.telemetry_store import MetricsStore
 from kproxy.telemetry import service as telemetry
 from kproxy.telemetry.service import TelemetryService
 
-from ..otlp_samples import kv
+from ..otlp_samples import as_temporality, kv, number_values
 from ..support import encode_request, make_config
 
 ID = uuid.UUID(int=7)
@@ -42,7 +42,7 @@ def payload(values: list[float], temporality: int = 2, nodes: int = 2,
     sm = md.resource_metrics.add().scope_metrics.add()
     sm.scope.name = "rdkafka"
     s = sm.metrics.add(name="requests")
-    s.sum.aggregation_temporality, s.sum.is_monotonic = temporality, True
+    s.sum.aggregation_temporality, s.sum.is_monotonic = as_temporality(temporality), True
     g = sm.metrics.add(name="latency")
     for node in range(nodes):
         s.sum.data_points.add(as_int=int(values[0]) + node, time_unix_nano=10**18,
@@ -71,8 +71,7 @@ def test_landing_a_repeat_is_ingesting_it() -> None:
         for values in ([5, 2.5], [9, 0.25]):
             raw = payload(values, temporality)
             again = decode_metrics_data(raw)
-            numbers = [p.value for rm in again for sm in rm.scopes for m in sm.metrics
-                       for p in m.points]
+            numbers = number_values(again)
             assert landed.land(ID, landing, numbers, delta) == full.ingest(ID, LABELS, again,
                                                                            delta)
         assert series_values(landed) == series_values(full)
@@ -85,8 +84,7 @@ def test_points_kept_out_by_the_series_cap_are_kept_out_again_while_it_holds() -
     assert stats.dropped_by_cap == 1 and stats == full.ingest(ID, LABELS, first, False)
     assert landing is not None and len(landing.capped) == 1  # four points, three series
     again = decode_metrics_data(payload([2, 2.0]))
-    numbers = [p.value for rm in again for sm in rm.scopes for m in sm.metrics
-               for p in m.points]
+    numbers = number_values(again)
     assert landed.land(ID, landing, numbers, False) == full.ingest(ID, LABELS, again, False)
     assert series_values(landed) == series_values(full)
     landed.max_series = 4  # room now: the point would get its series, so no replay
@@ -126,9 +124,8 @@ class Pusher:
         self.service = TelemetryService(cfg.telemetry, ProxyMetrics(),
                                         clock_ms=lambda: self.now)
         self.conn = Conn()
-        got = self.service.state.get_subscriptions(uuid.UUID(int=0),
-                                                   self.service.attributes(self.conn),
-                                                   self.now)
+        attributes = self.service.attributes(cast(ConnectionState, self.conn))
+        got = self.service.state.get_subscriptions(uuid.UUID(int=0), attributes, self.now)
         assert got.instance is not None
         self.instance = got.instance
         self.corr = 0

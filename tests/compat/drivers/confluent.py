@@ -23,10 +23,13 @@ def create() -> None:
 
 def produce() -> str:
     errors: list[str] = []
+
+    def report(err: object, _m: object) -> None:
+        if err:
+            errors.append(str(err))
     p = Producer({**conf, "linger.ms": 5})
     for i in range(a.messages):
-        p.produce(a.topic, key=f"k{i}", value=str(i),
-                  on_delivery=lambda err, _m: err and errors.append(str(err)))
+        p.produce(a.topic, key=f"k{i}", value=str(i), on_delivery=report)
         p.poll(0)
     left = p.flush(60)
     if left or errors:
@@ -48,14 +51,18 @@ def consume() -> str:
         m = consumer.poll(1.0)
         if m is None:
             continue
-        if m.error():
-            if m.error().code() == KafkaError._PARTITION_EOF:
-                eof.add(m.partition())
+        partition, error, value = m.partition(), m.error(), m.value()
+        assert partition is not None
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                eof.add(partition)
                 continue
-            return f"fail: {m.error()}"
-        eof.discard(m.partition())
-        partitions.add(m.partition())
-        values.append(int(m.value()))
+            return f"fail: {error}"
+        eof.discard(partition)
+        partitions.add(partition)
+        if value is None:
+            return f"fail: a record without a value at offset {m.offset()}"
+        values.append(int(value))
     return check_values(values, a.messages)
 
 
