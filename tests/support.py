@@ -96,7 +96,12 @@ def _bindable(port: int) -> bool:
 
 def make_config(upstream: str, config_file: Path | None = None, /,
                 **overrides: Any) -> config_mod.Config:
-    """A Config with free loopback ports, as `kproxy run` flags would build it."""
+    """A Config with free loopback ports, as `kproxy run` flags would build it. Each
+    override names an option; anything else is a mistake, refused (it would be
+    dropped without a word)."""
+    unknown = sorted(set(overrides) - {o.name for o in config_mod.OPTIONS})
+    if unknown:
+        raise TypeError(f"make_config: not options: {', '.join(unknown)}")
     values: dict[str, Any] = {"upstream": upstream, "listen": "127.0.0.1:0",
                               "http": "127.0.0.1:0",
                               "broker_port_base": str(broker_port_base()),

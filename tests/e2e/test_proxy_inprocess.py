@@ -34,8 +34,9 @@ VECTORS = Path(__file__).parent.parent / "vectors"
 
 async def start_proxy(nursery: trio.Nursery, upstream: str,
                       local_handlers: dict[int, LocalHandler] | None = None,
-                      **overrides: Any) -> Proxy:
-    proxy = Proxy(make_config(upstream, **overrides), local_handlers=local_handlers)
+                      config_file: Path | None = None, **overrides: Any) -> Proxy:
+    proxy = Proxy(make_config(upstream, config_file, **overrides),
+                  local_handlers=local_handlers)
     started: Proxy = await nursery.start(lambda task_status: proxy.run(
         handle_signals=False, task_status=task_status))
     return started
