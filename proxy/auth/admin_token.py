@@ -1,20 +1,18 @@
 """The admin token as its file holds it now: a rotation needs no restart.
 
 ``admin_token_file``'s path is read at start; the file itself is looked at again every
-second (``AdminToken.watch``) and when a guarded route is called, at most once a
-second. Once it holds a new token (rewritten in place, renamed over, or a mounted
-Kubernetes Secret updated), the new token is accepted and the old one refused. A file
-that changed into one that cannot serve (unreadable, too short, readable by every
-user) leaves the running token in place and says so in the log, once per change; both
-outcomes go to the audit log when the process keeps it for its HTTP port.
+second (``AdminToken.watch``). Once it holds a new token (rewritten in place, renamed
+over, or a mounted Kubernetes Secret updated), the new token is accepted and the old
+one refused. A file that changed into one that cannot serve (unreadable, too short,
+readable by every user) leaves the running token in place and says so in the log,
+once per change; both outcomes go to the audit log when the process keeps it for its
+HTTP port.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
 
 import trio
 
@@ -23,37 +21,38 @@ from kproxy.config.settings import ConfigError
 from kproxy.http.auth import Audit
 
 log = logging.getLogger("kproxy")
-CHECK_SECONDS = 1.0  # how often, at most, the token file is looked at for a change
+CHECK_SECONDS = 1.0  # how often the token file is looked at for a change
 
 
 class AdminToken:
     """The admin token as ``admin_token_file`` now holds it (None: no token set)."""
 
-    def __init__(self, path: str | None, token: str | None, audit: Audit | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self._token, self._audit, self._clock = path, token, audit, clock
+    def __init__(self, path: str | None, token: str | None,
+                 audit: Audit | None = None) -> None:
+        self.path, self._token, self._audit = path, token, audit
         # No stamp yet: the first look reads the file again, in case it changed since
         # ``token`` was read from it (the configuration is read before this is made).
         self._stamp: tuple[int, ...] | None = ()
-        self._checked = clock()
 
     async def watch(self) -> None:
-        """Look at the file every second, so that a change is applied (and logged)
-        whether or not a guarded route is called."""
+        """Look at the file every second for as long as the process serves HTTP."""
         if self.path is None:
             return
         while True:
             await trio.sleep(CHECK_SECONDS)
-            self.current()
+            self.look()
 
     def current(self) -> str | None:
-        if self.path is not None and self._clock() - self._checked >= CHECK_SECONDS:
-            self._checked = self._clock()
-            stamp = _stamp(self.path)
-            if stamp != self._stamp:
-                self._stamp = stamp
-                self._reread(self.path)
         return self._token
+
+    def look(self) -> None:
+        """Apply the file's token if the file changed since the last look."""
+        if self.path is None:
+            return
+        stamp = _stamp(self.path)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._reread(self.path)
 
     def _reread(self, path: str) -> None:
         try:

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from kproxy.auth.admin_token import CHECK_SECONDS, AdminToken
 from kproxy.http.auth import FORWARDED, guard
@@ -15,14 +17,6 @@ from kproxy.http.server import HttpRequest, HttpResponse
 
 OLD, NEW = "old-token-0123456789", "new-token-9876543210"
 SECRET = "supervisor-secret-abcdefghijklmnop"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _token_file(tmp_path: Path, token: str, name: str = "admin.token") -> Path:
@@ -50,49 +44,63 @@ def _req(path: str, token: str | None = None, forwarded: bool = False) -> HttpRe
 
 
 def test_a_rotated_token_applies_once_looked_at_and_the_old_one_stops(tmp_path: Path) -> None:
-    path, clock = _token_file(tmp_path, OLD), Clock()
+    path = _token_file(tmp_path, OLD)
     audit: list[dict[str, object]] = []
-    token = AdminToken(str(path), OLD, audit.append, clock)
+    token = AdminToken(str(path), OLD, audit.append)
     _rotate(path, NEW)
-    assert token.current() == OLD  # looked at no more than once a second
-    clock.now += CHECK_SECONDS
+    assert token.current() == OLD  # not until the file is looked at
+    token.look()
     assert token.current() == NEW
     assert audit == [{"event": "admin_token", "outcome": "applied"}]
     path.write_text(OLD + "\n")  # rewritten in place: a new size or mtime
-    clock.now += CHECK_SECONDS
+    token.look()
     assert token.current() == OLD
 
 
 def test_a_file_changed_into_a_bad_one_keeps_the_running_token(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path, clock = _token_file(tmp_path, OLD), Clock()
+    path = _token_file(tmp_path, OLD)
     audit: list[dict[str, object]] = []
-    token = AdminToken(str(path), OLD, audit.append, clock)
+    token = AdminToken(str(path), OLD, audit.append)
     for bad, why in (("short", "printable characters"), (None, "No such file")):
         if bad is None:
             path.unlink()
         else:
             _rotate(path, bad)
-        clock.now += CHECK_SECONDS
+        token.look()
         assert token.current() == OLD
         assert audit[-1]["outcome"] == "rejected" and why in str(audit[-1]["error"])
     assert OLD not in str(audit) and OLD not in caplog.text
-    clock.now += CHECK_SECONDS
+    token.look()
     assert token.current() == OLD and len(audit) == 2  # said once per change
     _rotate(path, NEW)
-    clock.now += CHECK_SECONDS
+    token.look()
     assert token.current() == NEW
     path.chmod(0o604)  # made readable by every user: refused, as at start
-    clock.now += CHECK_SECONDS
+    token.look()
     assert token.current() == NEW and "chmod o-r" in str(audit[-1]["error"])
 
 
 def test_a_file_changed_before_the_guard_started_is_read_at_the_first_look(
         tmp_path: Path) -> None:
-    path, clock = _token_file(tmp_path, NEW), Clock()
-    token = AdminToken(str(path), OLD, None, clock)  # OLD: what the config read earlier
-    clock.now += CHECK_SECONDS
+    path = _token_file(tmp_path, NEW)
+    token = AdminToken(str(path), OLD, None)  # OLD: what the config read earlier
+    token.look()
     assert token.current() == NEW
+
+
+async def test_the_watch_looks_every_second(tmp_path: Path,
+                                           autojump_clock: trio.testing.MockClock) -> None:
+    path = _token_file(tmp_path, OLD)
+    token = AdminToken(str(path), OLD)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(token.watch)
+        await trio.sleep(CHECK_SECONDS / 2)
+        _rotate(path, NEW)
+        assert token.current() == OLD
+        await trio.sleep(CHECK_SECONDS)  # the mock clock jumps: no wall time passes
+        assert token.current() == NEW
+        nursery.cancel_scope.cancel()
 
 
 def test_no_token_file_means_no_token() -> None:
@@ -100,16 +108,16 @@ def test_no_token_file_means_no_token() -> None:
 
 
 async def test_guard_takes_the_current_token_and_audits_admin_calls(tmp_path: Path) -> None:
-    path, clock = _token_file(tmp_path, OLD), Clock()
+    path = _token_file(tmp_path, OLD)
     audit: list[dict[str, object]] = []
-    token = AdminToken(str(path), OLD, None, clock)
+    token = AdminToken(str(path), OLD, None)
     routes = guard({"/admin/rebootstrap": _ok, "/metrics": _ok}, token.current, False,
                    audit.append)
     call = routes["/admin/rebootstrap"]
     assert (await call(_req("/admin/rebootstrap"))).status == 401
     assert (await call(_req("/admin/rebootstrap", OLD))).status == 200
     _rotate(path, NEW)
-    clock.now += CHECK_SECONDS
+    token.look()
     assert (await call(_req("/admin/rebootstrap", OLD))).status == 401
     assert (await call(_req("/admin/rebootstrap", NEW))).status == 200
     assert [r["outcome"] for r in audit] == ["denied", "ok", "denied", "ok"]
