@@ -25,7 +25,9 @@ from kproxy.policies.telemetry_store import (
 if TYPE_CHECKING:
     from kproxy.telemetry.service import TelemetryService
 
-PIECE_ROWS = 64  # sample lines per piece of the /metrics exposition
+# Sample lines per piece of the /metrics exposition: the loop's slices end between
+# pieces, so a piece is what a slice can overrun its budget by (about 0.05 ms).
+PIECE_ROWS = 32
 
 
 class ClientMetricsCollector:
