@@ -15,10 +15,12 @@ interpreter lock.
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 import uuid
 from collections import Counter
+from pathlib import Path
 
 from kproxy.codecs import compression
 from kproxy.codecs.framing import FrameReader
@@ -105,6 +107,29 @@ def main() -> None:
     total = sum(errors.values())
     summary = ",".join(f"{code}={n}" for code, n in sorted(errors.items()))
     print(f"answered {total} errors {summary}", flush=True)
+
+
+def start(port: int, connections: int = 2) -> subprocess.Popen[str]:
+    """The pusher as a process of its own, once its first push has been answered."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_pusher", str(port),
+                             str(connections)], cwd=Path(__file__).resolve().parents[1],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "pushing" once a push has been answered
+    if not line.startswith("pushing"):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"the hostile pusher did not start: {line!r}")
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> dict[int, int]:
+    """Stop a pusher from ``start``: how many of its requests got each error code."""
+    out, _ = proc.communicate("", timeout=60)
+    words = out.split()
+    if not words or words[0] != "answered":
+        raise RuntimeError(f"the hostile pusher ended without its summary: {out!r}")
+    return {int(k): int(v) for k, v in (kv.split("=") for kv in words[3].split(",") if kv)}
 
 
 if __name__ == "__main__":

@@ -248,6 +248,9 @@ def telemetry_pushes(bootstrap: str, kproxy: Path_, seconds: float,
 
 SCRAPE_SIZES = (10_000, 100_000, 250_000)
 SCRAPE_WINDOW = 3.0  # seconds per window, without and with scrapes
+# Pairs of windows per size: the largest size's ratio is judged (bench_targets), and
+# at one scrape a second a 3 s window holds three.
+SCRAPE_ROUNDS = 9
 SERIES_PER_INSTANCE = 250
 
 

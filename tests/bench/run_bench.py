@@ -29,6 +29,7 @@ from tests.support import stop_process as stop  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import admission_row  # noqa: E402
 import connection_cost_row  # noqa: E402
+import hostile_push_row  # noqa: E402
 import p99_pair_row  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
@@ -41,6 +42,7 @@ import throughput_pair_row  # noqa: E402
 import tls_row  # noqa: E402
 import workers_row  # noqa: E402
 from bench_measure import (  # noqa: E402
+    SCRAPE_ROUNDS,
     SCRAPE_SIZES,
     SCRAPE_WINDOW,
     Path_,
@@ -68,7 +70,7 @@ def main() -> int:
                                            "connections",
                                            "scrape-workers",
                                            "small", "floor", "tls", "telemetry-p99",
-                                           "p99-pair", "throughput-pair"],
+                                           "hostile-push", "p99-pair", "throughput-pair"],
                         help="run only this part and put its section into the existing report")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
@@ -206,7 +208,8 @@ def main() -> int:
             print(f"idle {p.name}: {p.results['idle'][0]}", flush=True)
         scrapes = scrape_under_load(brokers["kproxy"], work,
                                     (2000,) if smoke else SCRAPE_SIZES,
-                                    1.0 if smoke else SCRAPE_WINDOW, 2 if smoke else 5)
+                                    1.0 if smoke else SCRAPE_WINDOW,
+                                    2 if smoke else SCRAPE_ROUNDS)
     finally:
         for p in paths:
             if p.process is not None:
@@ -302,6 +305,7 @@ def only(args: argparse.Namespace) -> int:
 ROWS: dict[str, tuple[Any, str, float, float]] = {
     "small": (small_request_ab, "small", 1.0, 5.0),
     "telemetry-p99": (telemetry_p99_row, "telemetry_p99", 1.0, 5.0),
+    "hostile-push": (hostile_push_row, "hostile_push", 1.0, 5.0),
     "p99-pair": (p99_pair_row, "p99_pair", 1.0, 5.0),
     "throughput-pair": (throughput_pair_row, "throughput_pair", 5000, 1_000_000),
     "floor": (relay_floor, "floor", 1.0, 5.0),
@@ -327,12 +331,12 @@ def save_section(saved: Path, key: str, data: dict[str, Any]) -> None:
 
 
 def only_scrape(args: argparse.Namespace) -> int:
-    """The scrape workload alone (about 3 minutes), merged into a saved full run."""
+    """The scrape workload alone (about 8 minutes), merged into a saved full run."""
     raise_fd_limit()
     work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     with TansuBroker(log_path=work / "broker-scrape.log") as broker:
-        rows = scrape_under_load(broker, work, SCRAPE_SIZES, SCRAPE_WINDOW)
+        rows = scrape_under_load(broker, work, SCRAPE_SIZES, SCRAPE_WINDOW, SCRAPE_ROUNDS)
     saved = Path(args.json)
     data = json.loads(saved.read_text())
     data["scrape"] = rows

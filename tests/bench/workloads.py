@@ -115,8 +115,8 @@ def produce_latency(bootstrap: str, topic: str, rate: int, seconds: float) -> di
     p.produce(topic, b"warm")
     p.flush(30)
     total = int(rate * seconds)
-    delivered, _ = paced_produce(p, topic, rate, lambda i: i < total)
-    return percentiles([latency for _, latency in delivered])
+    delivered, failed = paced_produce(p, topic, rate, lambda i: i < total)
+    return {**percentiles([latency for _, latency in delivered]), "failed": failed}
 
 
 def metadata_latency(bootstrap: str, rate: int, seconds: float) -> dict[str, float]:

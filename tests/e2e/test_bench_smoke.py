@@ -35,10 +35,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
                     "## Telemetry pushes and the small-produce p99",
                     "## The p99 added over haproxy, the two proxies alone",
                     "## Throughput, the relays alone",
+                    "## Hostile telemetry pushes and a producer's p99",
                     "## /metrics of a large fleet at 1 and 2 workers"):
         assert section in text
-    # Issues 19's, 29's and 30's targets, each with a verdict (a smoke run's figures decide
-    # nothing, but every one is measured: no "-").
+    # Issues 19's, 29's and 30's targets, and 14's and 22's p99 under load, each with a
+    # verdict (a smoke run's figures decide nothing, but every one is measured: no "-").
     rows = text[text.index("## Targets"):].split("\n\n")[1].splitlines()[2:]
     wanted = [row for label in ("produce 1 KB", "produce 100 B", "consume 1 KB") for row in (
         f"throughput, {label}: kproxy / haproxy",
@@ -60,6 +61,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
                "proxy CPU per single-message produce at 1,000/s (ms)",
                "proxy CPU per Metadata round trip at 1,000/s (ms)",
                "longest loop slice of a /metrics scrape, CPU (ms)",
+               "producer p99 during back-to-back /metrics scrapes of",
+               "producer p99 beside a stream of hostile telemetry pushes / without",
                "/metrics scrape of 5,000 client series: 2 workers / 1 worker"]
     results = json.loads(js.read_text())
     # A smoke run's relay may take less than one clock tick (10 ms) of CPU: no ratio then.
@@ -103,6 +106,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
     tp99 = results["telemetry_p99"]
     assert "error" not in tp99 and len(tp99["rounds"]) == 1, tp99
     assert all(r["p99_ms"] > 0 for r in tp99["rounds"][0].values()), tp99
+    # The producer delivered everything with and without the hostile pusher, whose every
+    # push was refused.
+    hostile = results["hostile_push"]
+    assert "error" not in hostile and len(hostile["rounds"]) == 1, hostile
+    windows = hostile["rounds"][0]
+    assert all(w["p99_ms"] > 0 and w["failed"] == 0 for w in windows.values()), hostile
+    assert windows["with hostile pushes"]["refused_per_s"] > 0, hostile
+    assert all(w["other_answers"] == 0 for w in windows.values()), hostile
     # Both proxies delivered a p99 for both workloads in the pair row's round.
     pair = results["p99_pair"]
     assert "error" not in pair and len(pair["rounds"]) == 1, pair

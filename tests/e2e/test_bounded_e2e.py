@@ -8,8 +8,6 @@ the relay's latency.
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,10 +16,9 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from kproxy.embedded_broker import TansuBroker
 
+from .. import hostile_pusher
 from ..client_id_flood import flood, settle
 from ..support import kproxy_process, metric_value
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_flood_of_distinct_long_client_ids_retains_bounded_memory(
@@ -84,23 +81,6 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98]
 
 
-def start_hostile(port: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_pusher", str(port), "2"],
-                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # "pushing" once a push has been answered
-    assert line.startswith("pushing"), line
-    return proc
-
-
-def stop_hostile(proc: subprocess.Popen[str]) -> dict[int, int]:
-    out, _ = proc.communicate("", timeout=60)
-    words = out.split()
-    assert words[0] == "answered", out
-    return {int(k): int(v) for k, v in (kv.split("=") for kv in words[3].split(",") if kv)}
-
-
 def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
         shared_tansu: TansuBroker, tmp_path: Path) -> None:
     """Pushes of 1.5 KB that expand to 15 MB of data points, back to back on two
@@ -126,11 +106,11 @@ def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
             latencies, failed = produce_phase(producer, topic, PHASE_MESSAGES)
             baseline.append(p99(latencies))
             failures += failed
-            pusher = start_hostile(kp.bootstrap_port)
+            pusher = hostile_pusher.start(kp.bootstrap_port)
             try:
                 latencies, failed = produce_phase(producer, topic, PHASE_MESSAGES)
             finally:
-                answers = stop_hostile(pusher)
+                answers = hostile_pusher.stop(pusher)
             hostile.append(p99(latencies))
             failures += failed
             assert answers.get(87, 0) >= 1, answers  # the stream ran during the phase

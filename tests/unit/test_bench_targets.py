@@ -1,4 +1,4 @@
-"""The verdicts of `make bench`'s targets (issues 19 and 30), on made-up runs.
+"""The verdicts of `make bench`'s targets (issues 19 and 30, 14 and 22), on made-up runs.
 
 A real run takes minutes and a smoke run's figures decide nothing, so the rules that
 turn a run's figures into "met" or "how far off" are checked here on runs whose
@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_measure import Path_
 from bench_targets import ALONGSIDE, NOT_JUDGED, ratio_table, targets
+from hostile_push_row import HOSTILE, QUIET
 from telemetry_p99_row import DEFAULT, FAST
 
 N1K = 250_000
@@ -47,6 +48,20 @@ def paths(kp_over_hp: list[float], p99_extra_ms: list[float], cpu_factor: float,
             Path_("kproxy", "", None, kp), Path_("haproxy (tcp)", "", None, hp)]
 
 
+def scrape_rows(slices_ms: list[float], ratio_apart: float) -> list[dict[str, float]]:
+    """The scrape section's sizes: the largest one's p99 ratio is the judged one."""
+    return [{"series": 10_000 * (i + 1), "longest_slice_cpu_ms": ms, "ratio": 3.0,
+             "ratio_apart": ratio_apart + i, "ratio_apart_min": 1.0, "ratio_apart_max": 4.0}
+            for i, ms in enumerate(slices_ms)][::-1]
+
+
+def hostile(ratios: list[float], failed: int = 0) -> dict[str, object]:
+    """The hostile-push section's rounds: p99 with the pusher ``ratio`` times without."""
+    return {"rounds": [{QUIET: {"p99_ms": 0.4, "failed": 0},
+                        HOSTILE: {"p99_ms": 0.4 * r, "failed": failed if i == 0 else 0}}
+                       for i, r in enumerate(ratios)]}
+
+
 def verdicts(lines: list[str]) -> list[str]:
     rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| target")]
     return [row.rstrip(" |").rsplit(" | ", 1)[1] for row in rows]
@@ -54,22 +69,23 @@ def verdicts(lines: list[str]) -> list[str]:
 
 def test_every_target_met() -> None:
     run = paths([1.02, 0.99, 1.01], [0.10, 0.12, 0.20], 1.4, 3.5)
-    assert verdicts(targets(run, [1000], N1K, BASELINE, SMALL_MET,
-                            [{"longest_slice_cpu_ms": 0.6}, {"longest_slice_cpu_ms": 2.32}],
-                            {"series": {"1": 250_000, "2": 250_000}, "ratios": [1.2, 1.5, 1.6]})
-                    ) == ["met"] * 5 + [NOT_JUDGED] + ["met"] * 8
+    assert verdicts(targets(run, [1000], N1K, BASELINE, SMALL_MET, scrape_rows([0.6, 2.32], 0.9),
+                            {"series": {"1": 250_000, "2": 250_000}, "ratios": [1.2, 1.5, 1.6]},
+                            hostile_push=hostile([1.5, 2.0, 1.2]))
+                    ) == ["met"] * 5 + [NOT_JUDGED] + ["met"] * 10
 
 
 def test_how_far_off_each_target_is() -> None:
     run = paths([0.80, 0.85, 0.90], [0.40, 0.45, 0.50], 2.5, 10.0)
     assert verdicts(targets(run, [1000], N1K, {**BASELINE, "current": [
         {"pushes_per_cpu_s": 6000.0}, {"pushes_per_cpu_s": 6300.0}]}, SMALL_OFF,
-        [{"longest_slice_cpu_ms": 3.0}], {"series": {"1": 9, "2": 9}, "ratios": [1.7, 1.9]}
+        scrape_rows([3.0], 2.5), {"series": {"1": 9, "2": 9}, "ratios": [1.7, 1.9]},
+        hostile_push=hostile([3.0, 2.5, 4.0])
     )) == [
         "**not met**: 0.15 short"] * 3 + ["**not met**: 0.30 ms over"] * 2 + [NOT_JUDGED] + [
         "**not met**: 1.00 over"] * 2 + ["**not met**: 6.24 KB over", "**not met**: 0.50 short",
         "**not met**: 0.13 ms over", "**not met**: 0.23 ms over", "**not met**: 0.68 ms over",
-        "**not met**: 0.30 over"]
+        "**not met**: 0.50 over", "**not met**: 1.00 over", "**not met**: 0.30 over"]
 
 
 def test_throughput_below_haproxy_but_within_the_spread() -> None:
@@ -82,7 +98,27 @@ def test_what_was_not_measured_has_no_verdict() -> None:
     without_haproxy = run[:2]
     found = verdicts(targets(without_haproxy, [1000], N1K, {"error": "shallow clone"}))
     # Memory is kproxy's own figure; small requests and scrapes were not measured.
-    assert found == ["-"] * 5 + [NOT_JUDGED] + ["-"] * 2 + ["met"] + ["-"] * 5
+    assert found == ["-"] * 5 + [NOT_JUDGED] + ["-"] * 2 + ["met"] + ["-"] * 7
+
+
+def test_a_failed_delivery_beside_hostile_pushes_misses_the_target_whatever_the_p99() -> None:
+    lines = targets(paths([1.0], [0.0], 1.0, 1.0), [1000], N1K, BASELINE,
+                    hostile_push=hostile([1.2, 1.4, 1.3], failed=2))
+    row = next(ln for ln in lines if ln.startswith("| producer p99 beside"))
+    assert row.split(" | ")[1] == ("1.30 (quartiles 1.25 to 1.35; 1.20 to 1.40); "
+                                   "2 failed deliveries")
+    assert verdicts([row]) == ["**not met**: 2 failed deliveries"]
+
+
+def test_the_scrape_p99_is_judged_at_the_largest_size_with_the_proxy_on_its_own_core() -> None:
+    lines = targets(paths([1.0], [0.0], 1.0, 1.0), [1000], N1K, BASELINE,
+                    scrape=scrape_rows([0.5, 0.6, 0.7], 0.8))
+    row = next(ln for ln in lines if ln.startswith("| producer p99 during"))
+    assert row.split(" | ")[0] == ("| producer p99 during back-to-back /metrics scrapes of "
+                                   "30,000 client series / without, the proxy on a core of "
+                                   "its own")
+    assert row.split(" | ")[1] == "2.80 (1.00-4.00; cores shared: 3.00)"
+    assert verdicts([row]) == ["**not met**: 0.80 over"]
 
 
 def test_what_fast_telemetry_pushes_add_is_shown_beside_the_p99_target() -> None:
