@@ -213,6 +213,8 @@ class Proxy:
     async def run(self, *, handle_signals: bool = True,
                   task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
         await self.admission.plan(self.config)
+        if self.telemetry is not None:  # small pushes are charged in the lane's thread too
+            self.telemetry.pacer.clock = trio.lowlevel.current_clock().current_time
         if self.archive is not None:
             self.archive.start()
         try:

@@ -10,7 +10,9 @@ connections. An ordinary push (a few kilobytes, some dozens of points) costs les
 than the machinery to move it elsewhere: when its compressed and decompressed
 sizes and its number of points are small (``codecs.otlp.small``), it is decoded
 and ingested at once and answered like any other local answer, its work bounded
-by those sizes. Any other push is paced: decompression on a worker thread (the
+by those sizes and taken from the pacer's bucket; once that bucket is empty (small
+pushes back to back, such as a client asking for a fresh instance before each
+push), small pushes are paced too. Any other push is paced: decompression on a worker thread (the
 codecs release the interpreter lock), the bounded OTLP decode and the ingest on
 the event loop in small steps with a checkpoint between them, so that all of it
 together takes at most ``DECODE_SHARE`` of a core over time. One paced push is
@@ -174,8 +176,13 @@ class TelemetryService:
         if isinstance(started, policy.PushResult):
             return self._answer(session, peek, started)
         raw: bytes | None = None
-        if len(started.payload) <= SMALL_BYTES and not started.instance.paced:
-            result, raw = self._decode_small(session, started)
+        if (len(started.payload) <= SMALL_BYTES and not started.instance.paced
+                and self.pacer.may_spend()):
+            began = time.thread_time()
+            try:
+                result, raw = self._decode_small(session, started)
+            finally:
+                self.pacer.spent(time.thread_time() - began)
             if result is not None:
                 return self._answer(session, peek, result)
         started.instance.paced += 1

@@ -217,3 +217,29 @@ def test_big_pushes_are_paced_and_a_clients_next_push_waits_behind_them() -> Non
     assert series_values(pusher.service.store) == series_values(
         reference_store([payload([0, 1.0]), big, payload([2, 2.0]), payload([3, 1.0])],
                         pusher.instance))
+
+
+def test_small_pushes_take_from_the_pacers_bucket_and_are_paced_once_it_is_empty() -> None:
+    """Decoded at once, a small push costs the bucket paced work rests by; with the
+    bucket empty (small pushes back to back), the next is paced like a big one, and
+    answered the same."""
+    pusher = Pusher()
+    pacer = pusher.service.pacer
+    clock = [100.0]
+    pacer.clock = lambda: clock[0]  # as the proxy sets it: callable from any thread
+    assert isinstance(pusher.push(payload([0, 1.0])), bytes)
+    assert pacer.busy_seconds > 0 and pacer.tokens < pacer.burst
+    pacer.spent(pacer.tokens + 0.01)  # 10 ms of work past the bucket
+    assert not pacer.may_spend()
+    paced = pusher.push(payload([1, 1.0]))
+    assert not isinstance(paced, bytes) and pusher.instance.paced == 1
+
+    async def answered() -> None:
+        assert isinstance(await paced, bytes)
+
+    trio.run(answered)
+    clock[0] += 0.01 / pacer.share + 0.01  # the bucket refilled past zero
+    assert pacer.may_spend()
+    assert isinstance(pusher.push(payload([2, 1.0])), bytes)
+    assert series_values(pusher.service.store) == series_values(
+        reference_store([payload([v, 1.0]) for v in (0, 1, 2)], pusher.instance))
