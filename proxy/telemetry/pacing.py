@@ -72,14 +72,16 @@ class Pacer:
     def spent(self, took: float) -> None:
         """Work that ran at once (``may_spend``) takes its processor time from the bucket
         that paced work rests by."""
-        self.busy_seconds += took
         self.longest_step = max(self.longest_step, took)
-        self.tokens -= took
+        self._charge(took)
 
-    async def _rest(self, took: float) -> None:
+    def _charge(self, took: float) -> None:
         self.busy_seconds += took
         self._refill()
         self.tokens -= took
+
+    async def _rest(self, took: float) -> None:
+        self._charge(took)
         pause = -self.tokens / self.share
         if pause >= _MIN_PAUSE:
             self.rested_seconds += pause
