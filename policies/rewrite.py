@@ -209,13 +209,17 @@ def _fit(api_key: int, api_version: int, tags: Body, size: int) -> bytes | None:
         return encoded
     unknown: dict[int, bytes] = dict(tags.get(UNKNOWN_TAGS) or {})
     pad = max([PAD_TAG, *(tag + 1 for tag in unknown)])
-    fill = size - len(encoded)
-    for _ in range(4):  # the pad's own length fields settle within a few tries
-        if fill < 0:
-            return None
-        unknown[pad] = bytes(fill)
-        out = encode_top_level_tags(spec, api_version, {**tags, UNKNOWN_TAGS: unknown})
-        if len(out) == size:
-            return out
-        fill -= len(out) - size
+    # One pad cannot make every size: its length field takes a byte more once it holds
+    # 128 bytes (and 16,384), so one total is skipped there. A second, empty pad moves
+    # the total the first must make off that skipped size.
+    for empty in ({}, {pad + 1: b""}):
+        fill = size - len(encoded)
+        for _ in range(4):  # the pads' own length fields settle within a few tries
+            if fill < 0:
+                break
+            padded = {**unknown, pad: bytes(fill), **empty}
+            out = encode_top_level_tags(spec, api_version, {**tags, UNKNOWN_TAGS: padded})
+            if len(out) == size:
+                return out
+            fill -= len(out) - size
     return None
