@@ -1,7 +1,8 @@
 """A hostile telemetry client, run as its own process: tiny pushes that expand hugely.
 
-``python -m tests.hostile_pusher PORT [CONNECTIONS]`` opens CONNECTIONS connections
-to the proxy and on each repeats, as fast as the proxy answers: a
+``python -m tests.hostile_pusher PORT [CONNECTIONS [INTERVAL_MS]]`` opens CONNECTIONS
+connections to the proxy and on each repeats, as fast as the proxy answers (or, with
+INTERVAL_MS, at most once every INTERVAL_MS milliseconds): a
 GetTelemetrySubscriptions with a zero instance id (a fresh instance, so no push is
 throttled), then a PushTelemetry whose few kilobytes of zstd expand to just under
 the proxy's decompression bound of empty data points. It prints ``pushing`` once
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -73,6 +75,7 @@ class Conn:
 def main() -> None:
     port = int(sys.argv[1])
     conns = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    interval = int(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.0
     payload = bomb()
     stop = threading.Event()
     lock = threading.Lock()
@@ -81,7 +84,9 @@ def main() -> None:
 
     def run() -> None:
         c = Conn(port)
-        while not stop.is_set():
+        due = time.monotonic()
+        while not stop.wait(max(0.0, due - time.monotonic())):
+            due = max(due, time.monotonic()) + interval  # never a burst to catch up
             got = c.request(71, {"client_instance_id": uuid.UUID(int=0)})
             if got["error_code"]:
                 with lock:
@@ -109,11 +114,12 @@ def main() -> None:
     print(f"answered {total} errors {summary}", flush=True)
 
 
-def start(port: int, connections: int = 2) -> subprocess.Popen[str]:
+def start(port: int, connections: int = 2, interval_ms: int = 0) -> subprocess.Popen[str]:
     """The pusher as a process of its own, once its first push has been answered."""
     proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_pusher", str(port),
-                             str(connections)], cwd=Path(__file__).resolve().parents[1],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             str(connections), str(interval_ms)],
+                            cwd=Path(__file__).resolve().parents[1], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "pushing" once a push has been answered
     if not line.startswith("pushing"):
