@@ -29,6 +29,8 @@ from typing import TypeVar
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kproxy.telemetry.idle_thread import DECOMPRESSION
+
 T = TypeVar("T")
 DEFAULT_SHARE = 0.25  # of one core: what telemetry decoding may use at most
 DEFAULT_BURST = 0.05  # seconds of work allowed at once after a quiet period
@@ -107,7 +109,8 @@ class Pacer:
         await self._rest(took)
 
     async def in_thread(self, fn: Callable[[], T]) -> T:
-        """``fn()`` on a worker thread, then a rest in proportion to its processor time."""
+        """``fn()`` on the idle-class thread (``idle_thread``), then a rest in proportion
+        to its processor time."""
         spent = 0.0
 
         def timed() -> T:
@@ -119,7 +122,7 @@ class Pacer:
                 spent = time.thread_time() - started
 
         try:
-            return await trio.to_thread.run_sync(timed)
+            return await DECOMPRESSION.run(timed)
         finally:
             await self._rest(spent)
 
