@@ -22,6 +22,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -67,14 +68,14 @@ class Standalone:
                 cwd=self.workdir))
         return log
 
-    def _wait(self, what: str, check: object) -> str:
+    def _wait(self, what: str, check: Callable[[], object]) -> str:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
                     raise RuntimeError(f"a Spark process exited ({p.returncode}) before "
                                        f"{what}; see {self.workdir}/*.log")
-            found = check()  # type: ignore[operator]
+            found = check()
             if found:
                 return str(found)
             time.sleep(0.2)

@@ -8,6 +8,8 @@ too. Processes and SIGKILL are tests/e2e/test_global_admission.py's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import trio
 
@@ -17,9 +19,9 @@ from kproxy.runtime.admission_control import UNANSWERED, AdmissionControl
 from kproxy.runtime.admission_hub import AdmissionHub, Ledger, channel_pair
 
 
-async def wait_for(check: object, what: str) -> None:
+async def wait_for(check: Callable[[], object], what: str) -> None:
     with trio.move_on_after(10):
-        while not check():  # type: ignore[operator]
+        while not check():
             await trio.sleep(0.01)
         return
     raise AssertionError(f"timed out waiting for: {what}")

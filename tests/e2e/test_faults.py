@@ -11,6 +11,7 @@ import resource
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,10 @@ def kill(broker: TansuBroker, signum: int = signal.SIGKILL) -> None:
     broker.process = None
 
 
-def wait_for(predicate: object, seconds: float, what: str) -> None:
+def wait_for(predicate: Callable[[], object], seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")

@@ -11,7 +11,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,12 +54,13 @@ def produce_for(producer: object, topic: str, seconds: float) -> None:
         producer.poll(0.02)  # type: ignore[attr-defined]
 
 
-def wait_for(predicate: object, timeout: float, step: object = None) -> bool:
+def wait_for(predicate: Callable[[], object], timeout: float,
+             step: Callable[[], object] | None = None) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if step is not None:
-            step()  # type: ignore[operator]
-        if predicate():  # type: ignore[operator]
+            step()
+        if predicate():
             return True
         if step is None:
             time.sleep(0.2)

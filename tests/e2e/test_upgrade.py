@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,10 +176,10 @@ def generations(tmp_path: Path) -> Iterator[list[Generation]]:
             stop_process(g.process)
 
 
-def wait_until(predicate: object, timeout: float) -> bool:
+def wait_until(predicate: Callable[[], object], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return True
         time.sleep(0.05)
     return False
@@ -215,7 +215,8 @@ def test_replacing_the_proxy_process_by_process_drops_no_client(
                 assert old.process.wait(60) == 0, old.log_path.read_text()[-3000:]
                 # Clients are back, through the new process, before the next round.
                 mark = len(traffic.consumed)
-                assert wait_until(lambda m=mark: len(traffic.consumed) >= m + 100, 60), (
+                # Asked only within this iteration: ``mark`` is this round's.
+                assert wait_until(lambda: len(traffic.consumed) >= mark + 100, 60), (  # noqa: B023
                     f"traffic did not resume after replacement {n}: {traffic.errors}")
             ended = time.monotonic()
         finally:

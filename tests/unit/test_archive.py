@@ -12,6 +12,8 @@ from typing import Any
 
 from kproxy.archive import ArchiveSettings, ArchiveWriter
 
+from ..support import wait_until
+
 
 def completed(root: Path, kind: str = "telemetry") -> list[Path]:
     return sorted((root / kind).rglob("part-*.jsonl"))
@@ -19,13 +21,6 @@ def completed(root: Path, kind: str = "telemetry") -> list[Path]:
 
 def lines(paths: list[Path]) -> list[dict[str, Any]]:
     return [json.loads(line) for p in paths for line in p.read_text().splitlines()]
-
-
-def wait_until(predicate: object, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
 
 
 def test_rotates_by_size_into_dated_partitions(tmp_path: Path) -> None:
