@@ -205,13 +205,15 @@ class RequestSide:
                 and len(nursery.child_tasks) == (self._upstream_io is not None))
 
     def lane_ready(self) -> bool:
-        """Whether the session parks at its first idle moment, for the express lane to
+        """Whether the session parks at its next idle moment, for the express lane to
         relay its next requests: the lane runs, the broker connection is open, no quotas,
         no SASL at the proxy, and no backing off (``express.BACKOFF_S``)."""
         services = self.services
-        # Not before its first request reached the broker: a new connection keeps its
-        # first-request deadline, and the lane relays only with a broker to relay to.
-        return (services.parking.lane_running and bool(self.frames_in)
+        # Not before its second request: a new connection keeps its first-request
+        # deadline, the lane relays only with a broker to relay to, and a connection
+        # that asks once and closes (a health check, a version probe) would pay for a
+        # park it never uses (0.58 ms of CPU a connection instead of 0.48).
+        return (services.parking.lane_running and self.frames_in >= 2
                 and self._upstream_io is not None and not services.quotas.enabled
                 and self.conn.shared.sasl_gate is None
                 and trio.current_time() >= self.lane_after)

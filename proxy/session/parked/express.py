@@ -7,7 +7,8 @@ task, its sockets in the parking lot's epoll) is waited for by one thread per wo
 instead, which relays what it can of each readable socket on the spot, with the same
 policy calls the trio path makes (``ConnectionState.request`` and ``.response``), and
 leaves the session parked. A busy session whose every request is small parks at its
-first idle moment (``Session.lane_ready``) and stays parked from request to request.
+first idle moment after its second request (``Session.lane_ready``) and stays parked
+from request to request.
 
 **One at a time.** The lane thread and trio never run Python at once: ``Turns`` is
 trio's except while it waits for I/O (a trio instrument gives it up in
