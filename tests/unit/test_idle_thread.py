@@ -42,3 +42,17 @@ async def test_a_cancelled_caller_stops_waiting_and_the_next_call_still_runs() -
     assert scope.cancelled_caught
     release.set()  # the abandoned call ends on the thread; its result is dropped
     assert await worker.run(lambda: "next") == "next"
+
+
+async def test_where_the_idle_class_is_refused_the_thread_runs_at_ordinary_priority(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def refused(*args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refused)
+    worker = IdleThread("test-idle-refused")
+    with caplog.at_level("INFO", logger="kproxy.telemetry"):
+        assert await worker.run(lambda: "ran") == "ran"
+    assert worker.idle_class is False
+    assert any(r.getMessage() == "telemetry decompression runs at ordinary priority"
+               for r in caplog.records)
