@@ -8,12 +8,15 @@ work to ``share`` of the time, with a small burst allowance so that occasional
 pushes are not held back. Used behind one proxy-wide limiter, it bounds what all
 telemetry decoding together can take, whatever the number of clients.
 
-Every step is followed by a real sleep, however full the bucket (``LEAST_REST``). A
-step on the loop holds the interpreter, and the express lane's thread relays its
-connections' requests only while it has the interpreter. A checkpoint between steps
-never blocks the loop's thread, so the lane's thread waited for the interpreter's
-switch interval (5 ms) while a push was decoded within its burst; pushes 45 ms apart
-put a producer's p99 on the lane at 4.5 to 5 ms where it read 0.4 ms without them.
+However full the bucket, the worker really sleeps (``LEAST_REST``) once it has
+worked ``REST_EVERY`` since it last did, a few steps. A step on the loop holds the
+interpreter, and the express lane's thread relays its connections' requests only
+while it has the interpreter. A checkpoint between steps never blocks the loop's
+thread, so the lane's thread waited for the interpreter's switch interval (5 ms)
+while a push was decoded within its burst; pushes 45 ms apart put a producer's p99
+on the lane at 4.5 to 5 ms where it read 0.4 ms without them. A sleep after every
+step did as well for the lane, but at about a millisecond a step (the loop's wait
+rounds up to its millisecond) it cut what a worker decodes to a third of its share.
 
 Work is measured in processor time of the thread that did it (``time.thread_time``),
 not wall time: on a busy machine a step that was preempted has not cost more, and
@@ -34,17 +37,19 @@ from kproxy.telemetry.idle_thread import DECOMPRESSION
 T = TypeVar("T")
 DEFAULT_SHARE = 0.25  # of one core: what telemetry decoding may use at most
 DEFAULT_BURST = 0.05  # seconds of work allowed at once after a quiet period
-# The least sleep after a step, so that the loop's thread blocks and the lane's thread
-# can take the interpreter. The loop's wait rounds it up to its millisecond.
+# The least sleep, so that the loop's thread blocks and the lane's thread can take the
+# interpreter (the loop's wait rounds it up to its millisecond); taken at least once
+# per REST_EVERY of processor time.
 LEAST_REST = 0.0002
+REST_EVERY = 0.0005
 
 
 class Pacer:
     """A token bucket of processor time: ``share`` seconds per second, ``burst`` at most.
 
     Work spends tokens; while the bucket is below zero the worker sleeps until it
-    has refilled. Occasional work rests only ``LEAST_REST`` after each step; sustained
-    work (pushes back to back) is held to ``share`` of the time.
+    has refilled. Occasional work rests only ``LEAST_REST`` every ``REST_EVERY`` of
+    work; sustained work (pushes back to back) is held to ``share`` of the time.
     """
 
     def __init__(self, share: float = DEFAULT_SHARE, burst: float = DEFAULT_BURST) -> None:
@@ -58,6 +63,7 @@ class Pacer:
         # set by the proxy at start (``trio.lowlevel.current_clock``); else trio's time.
         self.clock: Callable[[], float] | None = None
         self.busy_seconds = 0.0  # total processor time of paced work
+        self._unslept = 0.0  # processor time worked since the last sleep
         self.longest_step = 0.0  # processor time of the longest step run on the loop
 
     def _refill(self) -> None:
@@ -92,7 +98,13 @@ class Pacer:
 
     async def _rest(self, took: float) -> None:
         self._charge(took)
-        await trio.sleep(max(-self.tokens / self.share, LEAST_REST))
+        self._unslept += took
+        pause = -self.tokens / self.share
+        if pause >= LEAST_REST or self._unslept >= REST_EVERY:
+            self._unslept = 0.0
+            await trio.sleep(max(pause, LEAST_REST))
+        else:
+            await trio.lowlevel.checkpoint()
 
     async def steps(self, steps: Iterator[None]) -> None:
         """Run a stepped computation to its end, resting after each step."""

@@ -24,7 +24,7 @@ from kproxy.codecs.otlp.decode import (
 )
 from kproxy.policies import telemetry as t
 from kproxy.policies import telemetry_subscriptions as subs
-from kproxy.telemetry.pacing import LEAST_REST, Pacer
+from kproxy.telemetry.pacing import LEAST_REST, REST_EVERY, Pacer
 
 from ..hostile_pusher import bomb, varint
 from ..otlp_samples import as_temporality, kv, librdkafka_like_payload, real_payloads
@@ -182,8 +182,9 @@ def test_the_policy_names_the_limit_a_refused_push_passed() -> None:
     assert (result.error_code, result.limit) == (t.INVALID_RECORD, "decompressed_bytes")
 
 
-def _paced(share: float, burst: float, steps: int) -> tuple[float, float]:
-    """Work measured in thread time (2 ms a step); rests are sleeps on a mock clock.
+def _paced(share: float, burst: float, steps: int,
+           step_s: float = 0.002) -> tuple[float, float]:
+    """Work measured in thread time (``step_s`` a step); rests are sleeps on a mock clock.
 
     No mock time passes while working, so the bucket refills only while resting.
     """
@@ -191,7 +192,7 @@ def _paced(share: float, burst: float, steps: int) -> tuple[float, float]:
 
     def work() -> Iterator[None]:
         for _ in range(steps):
-            end = time.thread_time() + 0.002
+            end = time.thread_time() + step_s
             while time.thread_time() < end:
                 pass
             yield
@@ -211,12 +212,17 @@ def test_sustained_work_is_held_to_its_share_of_the_time() -> None:
     assert rested == pytest.approx(busy / 0.25, rel=0.01, abs=0.002)
 
 
-def test_occasional_work_within_the_burst_rests_only_the_least_after_each_step() -> None:
+def test_occasional_work_within_the_burst_rests_only_the_least() -> None:
     # The least rest is a real sleep: the loop's thread blocks, so the express lane's
-    # thread can take the interpreter between two steps (pacing.LEAST_REST).
-    rested, busy = _paced(0.25, 0.05, 5)
+    # thread can take the interpreter (pacing.LEAST_REST), at least every REST_EVERY.
+    rested, busy = _paced(0.25, 0.05, 5)  # steps longer than REST_EVERY
     assert busy >= 0.01
-    assert rested == pytest.approx(6 * LEAST_REST)  # after each of the 5 steps, and the end
+    assert rested == pytest.approx(5 * LEAST_REST)  # after each step (not the empty end)
+    steps, step_s = 40, REST_EVERY / 4
+    rested, busy = _paced(0.25, 0.05, steps, step_s)  # short steps: every few of them
+    assert busy >= steps * step_s
+    sleeps = round(rested / LEAST_REST)
+    assert busy / REST_EVERY - 1 <= sleeps <= busy / REST_EVERY + 1, (sleeps, busy)
 
 
 async def test_a_refused_bomb_is_answered_in_request_order_and_counted(
