@@ -12,10 +12,12 @@ sizes and its number of points are small (``codecs.otlp.small``), it is decoded
 and ingested at once and answered like any other local answer, its work bounded
 by those sizes and taken from the pacer's bucket; once that bucket is empty (small
 pushes back to back, such as a client asking for a fresh instance before each
-push), small pushes are paced too. Any other push is paced: decompression on a worker thread (the
-codecs release the interpreter lock), the bounded OTLP decode and the ingest on
-the event loop in small steps with a checkpoint between them, so that all of it
-together takes at most ``DECODE_SHARE`` of a core over time. One paced push is
+push), small pushes are paced too. Any other push is paced: decompression on a
+thread of the kernel's idle class (``idle_thread``; the codecs release the
+interpreter lock), the bounded OTLP decode and the ingest on the event loop in
+small steps, with a sleep at least every ``pacing.REST_EVERY`` of work so that the
+express lane's thread gets the interpreter, and all of it together takes at most
+``DECODE_SHARE`` of a core over time. One paced push is
 decoded at a time (``DECODE_CONCURRENCY``); the connection that sent it waits for
 its answer, the others do not wait at all. A client's pushes are ingested in the
 order they came: while one of its pushes is paced, the next is paced behind it.
