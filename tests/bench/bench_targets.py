@@ -105,7 +105,7 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
                   else f"**not met**: {1 - mid:.2f} short")
         row(f"throughput, {label}: kproxy / haproxy", f"{mid:.2f} ({q1:.2f}-{q3:.2f})",
             ">= 1.00", result)
-        for name in ("kproxy", p99_pair_row.FLOOR):
+        for name in ("kproxy", p99_pair_row.UNSUBSCRIBED, p99_pair_row.FLOOR):
             if pair := throughput_pair_row.ratios(throughput_pair, key, name):
                 row(f"throughput, {label}, the relays alone ({_rounds(pair)}): "
                     f"{name} / haproxy", round_summary(pair), "-", ALONGSIDE)
@@ -183,7 +183,11 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
             "Each figure is the median over the repetitions of the comparison made within "
             "each repetition. Throughput: in brackets the lower and upper quartile of the "
             "per-repetition ratios; \"within the spread\" means the median is below 1.00 "
-            "but the upper quartile reaches it. p99: the difference of the two p99s in the "
+            "but the upper quartile reaches it. Under each, from the section \"Throughput, "
+            "the relays alone\": kproxy; kproxy whose clients are subscribed to no "
+            "metrics (they then collect none, as haproxy's clients do: judged rows run "
+            "kproxy's default, which subscribes them to all); the floor relay. "
+            "p99: the difference of the two p99s in the "
             "same repetition, in brackets the lower and upper quartile of those "
             "differences, then each one's p99 over direct (each path has its own broker, "
             "so direct is a third broker: a guide, not a baseline that cancels out); "

@@ -37,6 +37,11 @@ HEADING = "## The p99 added over haproxy, the two proxies alone"
 RATE = 1000
 PATHS = ("kproxy", "haproxy (tcp)")
 FLOOR = "floor relay (trio, splice)"  # floor_relays.py trio-splice: splice, no Kafka code
+# kproxy with a telemetry subscription that asks clients for no metrics: the same relay,
+# but its clients do the work of a client talking to a broker with no subscription (as
+# haproxy's do: tansu offers none), so the two relays carry the same clients' traffic.
+UNSUBSCRIBED = "kproxy, no metrics subscribed"
+NO_METRICS_CONFIG = '[[telemetry.subscriptions]]\nname = "none"\nmetrics = []\n'
 KINDS = (("produce_latency", "small produce"), ("metadata_latency", "Metadata"))
 
 
@@ -47,16 +52,17 @@ def rounds_for(reps: int) -> int:
 
 def relays_alone(work: Path, tag: str, names: tuple[str, ...],
                  stops: list[Callable[[], object]]) -> tuple[list[Path_], list[TansuBroker]]:
-    """The relays ``names`` ("kproxy", "haproxy (tcp)", ``FLOOR``), each in front of a
-    broker of its own (haproxy's and the floor relay's advertise the relay's port:
-    neither rewrites addresses), and the brokers; each one's stop goes into ``stops``
-    as it starts. kproxy runs ``--workers 1`` at its default settings."""
+    """The relays ``names`` ("kproxy", ``UNSUBSCRIBED``, "haproxy (tcp)", ``FLOOR``), each
+    in front of a broker of its own (haproxy's and the floor relay's advertise the relay's
+    port: neither rewrites addresses), and the brokers; each one's stop goes into
+    ``stops`` as it starts. kproxy runs ``--workers 1`` at its default settings
+    (``UNSUBSCRIBED``: but for its telemetry subscription)."""
     paths: list[Path_] = []
     brokers: list[TansuBroker] = []
     for name in names:
         port = free_port()  # the relay's (kproxy picks its own)
         log = work / f"broker-{tag}-{name.split()[0]}.log"
-        broker = (TansuBroker(log_path=log) if name == "kproxy"
+        broker = (TansuBroker(log_path=log) if name in ("kproxy", UNSUBSCRIBED)
                   else TansuBroker(port=free_port(), advertised=f"127.0.0.1:{port}",
                                    log_path=log))
         stops.append(broker.stop)
@@ -64,6 +70,11 @@ def relays_alone(work: Path, tag: str, names: tuple[str, ...],
         brokers.append(broker)
         if name == "kproxy":
             proc, port = kproxy(work, tag, broker.bootstrap, [])
+        elif name == UNSUBSCRIBED:
+            config = work / f"no-metrics-{tag}.toml"
+            config.write_text(NO_METRICS_CONFIG)
+            proc, port = kproxy(work, f"{tag}-unsubscribed", broker.bootstrap,
+                                ["--config", str(config)])
         elif name == "haproxy (tcp)":
             proc = haproxy(work, tag, port, broker.bootstrap)
         elif name == FLOOR:

@@ -8,8 +8,12 @@ gap can be told from the bench's own noise. It runs the main section's produce 1
 produce 100 B and consume 1 KB workloads through three relays, each in front of a
 broker of its own: kproxy (``--workers 1``, defaults), haproxy (TCP mode), and the
 ``trio-splice`` floor relay (``floor_relays.py``: trio, two tasks a connection, splice,
-no Kafka code), which uses less CPU than haproxy. Every round starts on freshly started
-brokers, as the main section's repetitions do, and visits the relays in a shuffled
+no Kafka code), which uses less CPU than haproxy. A fourth relay is kproxy again with a
+telemetry subscription that asks for no metrics: by default kproxy subscribes every
+client to all of its metrics (KIP-714), and a client collecting them does work of its
+own that a client of haproxy (in front of tansu, which offers no subscription) does not;
+that relay carries the same clients' traffic as haproxy's. Every round starts on freshly
+started brokers, as the main section's repetitions do, and visits the relays in a shuffled
 order for each workload; twice as many rounds as the main section has repetitions, plus
 one. The ratios are taken within each round. What the floor relay reads against
 haproxy is the resolution: a relay that costs no more than haproxy reads that, not
@@ -25,10 +29,11 @@ from typing import Any
 
 from bench_measure import Path_, create_topic, section_run, workload
 from bench_stats import measured_section, round_summary
-from p99_pair_row import FLOOR, relays_alone, rounds_for
+from p99_pair_row import FLOOR, UNSUBSCRIBED, relays_alone, rounds_for
 
 HEADING = "## Throughput, the relays alone"
-PATHS = ("kproxy", "haproxy (tcp)", FLOOR)
+HAPROXY = "haproxy (tcp)"
+PATHS = ("kproxy", UNSUBSCRIBED, HAPROXY, FLOOR)
 # The main section's workloads, under its keys: (label, message size, topic). As there,
 # a produce 1 KB round sends a quarter as many messages as a produce 100 B round; consume
 # reads back what produce 1 KB wrote.
@@ -83,11 +88,12 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
     return out
 
 
-def ratios(data: dict[str, Any] | None, kind: str, name: str) -> list[float]:
-    """Per round, ``name``'s MB/s over haproxy's in workload ``kind``."""
-    return [r[kind][name]["mb_s"] / r[kind]["haproxy (tcp)"]["mb_s"]
+def ratios(data: dict[str, Any] | None, kind: str, name: str,
+           over: str = HAPROXY) -> list[float]:
+    """Per round, ``name``'s MB/s over ``over``'s (haproxy's) in workload ``kind``."""
+    return [r[kind][name]["mb_s"] / r[kind][over]["mb_s"]
             for r in (data or {}).get("rounds") or []
-            if name in r.get(kind, {}) and "haproxy (tcp)" in r[kind]]
+            if name in r.get(kind, {}) and over in r[kind]]
 
 
 @measured_section(HEADING)
@@ -101,15 +107,22 @@ def section(data: dict[str, Any]) -> list[str]:
             runs = [r[kind][name] for r in rounds if name in r.get(kind, {})]
             if not runs:
                 continue
-            ratio = round_summary(ratios(data, kind, name)) if name != PATHS[1] else "1"
+            ratio = round_summary(ratios(data, kind, name)) if name != HAPROXY else "1"
             lines.append(f"| {label} | {name} | "
                          f"{statistics.median(r['mb_s'] for r in runs):.1f} | {ratio} | "
                          f"{statistics.median(r['cpu_s'] for r in runs) / gb:.2f} |")
+    subscribed = [f"{label} {round_summary(r)}" for kind, (label, _, _) in WORKLOADS.items()
+                  if (r := ratios(data, kind, "kproxy", UNSUBSCRIBED))]
+    if subscribed:
+        lines += ["", "What kproxy's default subscription (all metrics, a push a minute) "
+                  "costs its clients, as kproxy's MB/s over kproxy's with no metrics "
+                  "subscribed, per round: " + "; ".join(subscribed) + "."]
     lines += ["", f"{len(rounds)} round(s), each on freshly started brokers: "
               f"{counts['produce_1k']:,} messages of 1 KB and {counts['produce_100b']:,} of "
               "100 B produced as in the main section, then the 1 KB ones read back, through "
               "each relay in a shuffled order for each workload. kproxy `--workers 1` at its "
-              "default settings, haproxy in TCP mode, the floor relay `floor_relays.py "
+              "default settings (and once more with a `[[telemetry.subscriptions]]` asking "
+              "for no metrics), haproxy in TCP mode, the floor relay `floor_relays.py "
               "trio-splice`; each in front of a broker of its own. CPU: the relay's user and "
               "system time (/proc, 10 ms ticks) over its workload. The Targets table shows "
               "these ratios beside the judged throughput rows, unjudged. "

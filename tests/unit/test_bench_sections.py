@@ -79,7 +79,9 @@ def test_p99_pair_section_gives_each_workload_its_per_round_differences() -> Non
 
 def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu() -> None:
     def relays(kproxy: float, floor: float) -> dict[str, dict[str, float]]:
+        # kproxy whose clients collect no metrics: 2% faster than kproxy in every round.
         return {"kproxy": {"mb_s": kproxy, "cpu_s": 0.07},
+                p99_pair_row.UNSUBSCRIBED: {"mb_s": kproxy * 1.02, "cpu_s": 0.07},
                 "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.05},
                 p99_pair_row.FLOOR: {"mb_s": floor, "cpu_s": 0.0}}
 
@@ -94,11 +96,16 @@ def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu
         expected += [
             f"| {label} | kproxy | 98.0 | 0.98 (quartiles 0.97 to 0.99; 0.96 to 1.00) "
             f"| {0.07 / gb:.2f} |",
+            f"| {label} | kproxy, no metrics subscribed | 100.0 | 1.00 (quartiles 0.99 to "
+            f"1.01; 0.98 to 1.02) | {0.07 / gb:.2f} |",
             f"| {label} | haproxy (tcp) | 100.0 | 1 | {0.05 / gb:.2f} |",
             f"| {label} | floor relay (trio, splice) | 100.0 | 1.00 (quartiles 0.99 to 1.01; "
             "0.98 to 1.02) | 0.00 |"]
     assert rows == expected
-    assert "250,000 messages of 1 KB and 1,000,000 of 100 B" in "".join(
-        throughput_pair_row.section(data))
+    text = "".join(throughput_pair_row.section(data))
+    assert "250,000 messages of 1 KB and 1,000,000 of 100 B" in text
+    # What the default subscription costs its clients: kproxy over kproxy unsubscribed.
+    assert ("per round: produce 1 KB 0.98 (quartiles 0.98 to 0.98; 0.98 to 0.98); "
+            "produce 100 B 0.98") in text
     assert throughput_pair_row.section({"error": "haproxy is not installed"})[-2] == (
         "- not measured: haproxy is not installed")
