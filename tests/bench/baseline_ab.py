@@ -10,9 +10,10 @@ baseline's modules win. Both proxies start through the same launcher, which writ
 the file it imported kproxy from into the process's log before it runs: the report
 quotes those lines as the proof of which code ran.
 
-Both proxies run at once, with the same flags (this tree as one process), in front of
-one broker; the rounds shuffle which one is measured first, and ratios are taken per
-round.
+Both proxies run at once, with the same flags, in front of one broker, each as one
+process: ``--workers 1`` for this tree and for a baseline that knows the flag (one
+that does not runs one process anyway); the rounds shuffle which one is measured
+first, and ratios are taken per round.
 """
 
 from __future__ import annotations
@@ -88,12 +89,24 @@ def launch(name: str, broker: str, work: Path, site: Path | None, extra: list[st
     return Path_(name, f"127.0.0.1:{port}", proc), line
 
 
+def one_process(site: Path | None) -> list[str]:
+    """``--workers 1`` if the proxy importable from ``site`` (this tree's: None) knows
+    the flag, else nothing: without it, a proxy that knows it starts one worker per core,
+    and a comparison with one process would measure the worker count."""
+    env = {**os.environ, "KPROXY_CONFIG": ""}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    usage = subprocess.run([sys.executable, "-c", LAUNCHER, "run", "--help"], env=env,
+                           capture_output=True, text=True, timeout=60, check=False).stdout
+    return ["--workers", "1"] if "--workers" in usage else []
+
+
 def side_by_side(work: Path, tag: str, baseline: str, rounds: int,
                  one_round: Callable[[Path_], dict[str, float]],
-                 out: dict[str, Any], base_extra: list[str] | None = None) -> dict[str, Any]:
+                 out: dict[str, Any]) -> dict[str, Any]:
     """``one_round`` through each side per round, into ``out["current"]`` and
-    ``out["base"]``; with the commits and the proof of what ran (or an error).
-    ``base_extra``: flags for the baseline (``--workers 1`` for one that knows them)."""
+    ``out["base"]``; with the commits and the proof of what ran (or an error)."""
     out.update(baseline=baseline, current=[], base=[])
     folder = work / f"{tag}-baseline"
     try:
@@ -107,10 +120,11 @@ def side_by_side(work: Path, tag: str, baseline: str, rounds: int,
     with TansuBroker(log_path=work / f"broker-{tag}.log") as broker:
         try:
             current, out["current_import"] = launch("current", broker.bootstrap, work, None,
-                                                    ["--workers", "1"], tag)
+                                                    one_process(None), tag)
             sides.append(current)
             base, out["base_import"] = launch("base", broker.bootstrap, work,
-                                              folder / "site", base_extra or [], tag)
+                                              folder / "site", one_process(folder / "site"),
+                                              tag)
             sides.append(base)
             if (str(src.resolve()) not in out["base_import"]
                     or str(ROOT) not in out["current_import"]):

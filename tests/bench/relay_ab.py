@@ -2,12 +2,12 @@
 
 A restructuring that should change nothing of the hot path (the sans-IO connection
 core, issue 20) is checked here: both proxies run at once in front of one broker, each
-one process (``--workers 1`` for this tree, which would otherwise start one worker per
-core), and every round measures produce 1 KB throughput, the proxy's CPU per GB
-produced, consume 1 KB throughput and Metadata p99 at 1,000 requests/s through each,
-in a shuffled order. Ratios are taken per round, then their median and spread: the
-spread of the ratios is the run's noise, and "within noise" means the median ratio
-lies inside it.
+one process (``--workers 1`` for each that knows the flag: this tree would otherwise
+start one worker per core), and every round measures produce 1 KB throughput, the
+proxy's CPU per GB produced, consume 1 KB throughput and Metadata p99 at 1,000
+requests/s through each, in a shuffled order. Ratios are taken per round, then their
+median and spread: the spread of the ratios is the run's noise, and "within noise"
+means the median ratio lies inside it.
 
 How the baseline is exported, run and proven is ``baseline_ab``.
 """

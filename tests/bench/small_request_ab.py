@@ -55,7 +55,7 @@ def one_round(side: Path_, seconds: float) -> dict[str, float]:
 def measure(work: Path, rounds: int, seconds: float = 5.0,
             baseline: str = BASELINE) -> dict[str, Any]:
     return side_by_side(work, "small", baseline, rounds, lambda s: one_round(s, seconds),
-                        {"seconds": seconds, "rate": RATE}, base_extra=["--workers", "1"])
+                        {"seconds": seconds, "rate": RATE})
 
 
 def ratios(data: dict[str, Any], key: str) -> list[float]:
