@@ -1,14 +1,14 @@
 """How far this machine can tell two relays' throughput apart: the main section's three
-throughput workloads through kproxy, haproxy and a relay that does nothing but splice
-bytes.
+throughput workloads through kproxy, haproxy, a relay that does nothing but splice
+bytes, and kproxy whose clients collect no telemetry metrics.
 
 The main section's throughput rows have read from 0.92 to 1.00 of haproxy's from one
 full run to the next, and their targets ask for 1.00. This section asks whether such a
 gap can be told from the bench's own noise. It runs the main section's produce 1 KB,
-produce 100 B and consume 1 KB workloads through three relays, each in front of a
-broker of its own: kproxy (``--workers 1``, defaults), haproxy (TCP mode), and the
+produce 100 B and consume 1 KB workloads through four relays, each in front of a
+broker of its own: kproxy (``--workers 1``, defaults), haproxy (TCP mode), the
 ``trio-splice`` floor relay (``floor_relays.py``: trio, two tasks a connection, splice,
-no Kafka code), which uses less CPU than haproxy. A fourth relay is kproxy again with a
+no Kafka code), which uses less CPU than haproxy; and kproxy again with a
 telemetry subscription that asks for no metrics: by default kproxy subscribes every
 client to all of its metrics (KIP-714), and a client collecting them does work of its
 own that a client of haproxy (in front of tansu, which offers no subscription) does not;
