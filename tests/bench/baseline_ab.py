@@ -71,33 +71,36 @@ def this_tree() -> str:
     return head + (" with uncommitted changes" if dirty else "")
 
 
+def proxy_env(site: Path | None) -> dict[str, str]:
+    """What a proxy's process adds to the environment: no config file, and the tree
+    importable from ``site`` first on the path (None: this tree's)."""
+    env = {"KPROXY_CONFIG": ""}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
 def launch(name: str, broker: str, work: Path, site: Path | None, extra: list[str],
            tag: str) -> tuple[Path_, str]:
     """A proxy started through the launcher, and the import line it wrote."""
     port, http, base = free_port(), free_port(), broker_port_base()
     log = work / f"kproxy-{tag}-{name}.log"
-    env = {"KPROXY_CONFIG": ""}
-    if site is not None:
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = start([sys.executable, "-c", LAUNCHER, "run", *extra, "--upstream", broker,
                   "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}",
                   "--broker-port-base", str(base), "--node-id-range", "111-111",
                   "--telemetry-default-interval-ms", "100", "--log-level", "warning"],
-                 port, log, env, cwd=work)
+                 port, log, proxy_env(site), cwd=work)
     line = next((ln for ln in log.read_text().splitlines() if ln.startswith(IMPORTED)), "")
     return Path_(name, f"127.0.0.1:{port}", proc), line
 
 
-def one_process(site: Path | None) -> list[str]:
-    """``--workers 1`` if the proxy importable from ``site`` (this tree's: None) knows
-    the flag, else nothing: without it, a proxy that knows it starts one worker per core,
-    and a comparison with one process would measure the worker count."""
-    env = {**os.environ, "KPROXY_CONFIG": ""}
-    if site is not None:
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
-    usage = subprocess.run([sys.executable, "-c", LAUNCHER, "run", "--help"], env=env,
+def one_process(site: Path) -> list[str]:
+    """``--workers 1`` if the baseline importable from ``site`` knows the flag, else
+    nothing: without it, a proxy that knows it starts one worker per core, and the
+    comparison with this tree's one process would measure the worker count."""
+    usage = subprocess.run([sys.executable, "-c", LAUNCHER, "run", "--help"],
+                           env={**os.environ, **proxy_env(site)},
                            capture_output=True, text=True, timeout=60, check=False).stdout
     return ["--workers", "1"] if "--workers" in usage else []
 
@@ -120,7 +123,7 @@ def side_by_side(work: Path, tag: str, baseline: str, rounds: int,
     with TansuBroker(log_path=work / f"broker-{tag}.log") as broker:
         try:
             current, out["current_import"] = launch("current", broker.bootstrap, work, None,
-                                                    one_process(None), tag)
+                                                    ["--workers", "1"], tag)
             sides.append(current)
             base, out["base_import"] = launch("base", broker.bootstrap, work,
                                               folder / "site", one_process(folder / "site"),
