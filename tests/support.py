@@ -234,15 +234,16 @@ class KproxyProcess:
 T = TypeVar("T")
 
 
-def wait_until(cond: Callable[[], T], timeout: float = 30) -> T:
-    """``cond()``'s first truthy answer, asked every 50 ms; AssertionError after
-    ``timeout`` seconds (a condition, never a fixed wait: CI machines are busy)."""
+def wait_until(cond: Callable[[], T], timeout: float = 30, what: str = "condition") -> T:
+    """``cond()``'s first truthy answer, asked every 50 ms; AssertionError naming
+    ``what`` after ``timeout`` seconds (a condition, never a fixed wait: CI machines are
+    busy)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if found := cond():
             return found
         time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+    raise AssertionError(f"waited {timeout:g} s: {what}")
 
 
 def value_of(msg: Message) -> bytes:

@@ -11,14 +11,13 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import KproxyProcess, free_port, kproxy_process, value_of
+from ..support import KproxyProcess, free_port, kproxy_process, value_of, wait_until
 from .test_rebootstrap_e2e import read_partition
 
 
@@ -41,15 +40,6 @@ def kill(broker: TansuBroker, signum: int = signal.SIGKILL) -> None:
     broker.process.send_signal(signum)
     broker.process.wait(10)
     broker.process = None
-
-
-def wait_for(predicate: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.broker
@@ -87,13 +77,13 @@ def test_idempotent_producer_loses_nothing_but_the_dying_brokers_last_batch(
             thread = threading.Thread(target=produce)
             thread.start()
             try:
-                wait_for(lambda: len(acked) > 200, 30, "the first acknowledgements")
+                wait_until(lambda: len(acked) > 200, 30, "the first acknowledgements")
                 kill(broker)  # mid-produce
                 at_kill = (sent[0], len(acked))
                 time.sleep(2)
                 assert kp.http_get("/healthz")[0] == 200
                 broker.start()
-                wait_for(lambda: len(acked) > at_kill[0] + 200, 60, "produce to resume")
+                wait_until(lambda: len(acked) > at_kill[0] + 200, 60, "produce to resume")
             finally:
                 stop.set()
                 thread.join(30)
@@ -148,7 +138,7 @@ def test_consumer_group_carries_on_after_the_broker_is_killed_and_restarted(
             thread = threading.Thread(target=consume)
             thread.start()
             try:
-                wait_for(lambda: len(set(seen)) >= 20, 60, "the group to read the first 20")
+                wait_until(lambda: len(set(seen)) >= 20, 60, "the group to read the first 20")
                 baseline = sum(rss_mb(pid) for pid in kp.worker_pids())
                 kill(broker)  # mid consume-group: fetches and heartbeats in flight
                 time.sleep(2)
@@ -157,14 +147,14 @@ def test_consumer_group_carries_on_after_the_broker_is_killed_and_restarted(
                 for i in range(100, 120):
                     producer.produce("grouped", str(i).encode(), partition=0)
                 assert producer.flush(30) == 0
-                wait_for(lambda: set(range(100, 120)) <= set(seen), 90,
-                         "the group to read what was produced after the restart")
+                wait_until(lambda: set(range(100, 120)) <= set(seen), 90,
+                           "the group to read what was produced after the restart")
             finally:
                 stop.set()
                 thread.join(30)
             del producer
-            wait_for(lambda: gauge(kp, "kproxy_client_connections") == 0, 20,
-                     "every client connection to close")
+            wait_until(lambda: gauge(kp, "kproxy_client_connections") == 0, 20,
+                       "every client connection to close")
             assert sum(rss_mb(pid) for pid in kp.worker_pids()) < baseline + 15
     finally:
         broker.stop()

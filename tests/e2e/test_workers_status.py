@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from kproxy.embedded_broker import TansuBroker
 
 from ..fake_otlp_collector import fake_collector
-from ..support import KproxyProcess, kproxy_process
+from ..support import KproxyProcess, kproxy_process, wait_until
 
 pytestmark = pytest.mark.broker
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -34,13 +34,6 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
     with TansuBroker(log_path=tmp_path_factory.mktemp("tansu") / "tansu.log") as broker:
         yield broker
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def get(port: int, path: str, headers: dict[str, str] | None = None,
@@ -67,7 +60,7 @@ def both_ready(kp: KproxyProcess) -> list[dict[str, Any]]:
         rows[:] = status(kp.http_port)["workers"]
         return len(rows) == 2 and all(r["ready"] for r in rows)
 
-    wait_for(ready, 60, "two ready workers")
+    wait_until(ready, 60, "two ready workers")
     return rows
 
 
@@ -114,7 +107,7 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
                     own[:] = [status(port) for port in ports]
                     return bool(sum(s["clients"]["connections"] for s in own) >= n)
 
-                wait_for(counted, 30, f"the workers do not count {n} clients")
+                wait_until(counted, 30, f"the workers do not count {n} clients")
                 if all(s["clients"]["connections"] for s in own):
                     break
             assert all(s["clients"]["connections"] for s in own), "one worker got them all"
@@ -127,7 +120,7 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
                         and snap["clients"]["connections"]
                         == sum(status(port)["clients"]["connections"] for port in ports))
 
-            wait_for(merged_matches, 30, "the merged status lacks a worker's clients")
+            wait_until(merged_matches, 30, "the merged status lacks a worker's clients")
             snap = status(kp.http_port)
             group = next(g for g in snap["clients"]["groups"]
                          if g["software_name"] == "confluent-kafka-python")
@@ -137,7 +130,7 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
                 return all(any(g["last_push"] is not None for g in s["clients"]["groups"])
                            for s in (status(port) for port in ports))
 
-            wait_for(pushes_noted, 30, "a worker noted no telemetry push of its clients")
+            wait_until(pushes_noted, 30, "a worker noted no telemetry push of its clients")
             assert any(g["last_push"] is not None
                        for g in status(kp.http_port)["clients"]["groups"])
             assert snap["backend"]["brokers"][0]["node_id"] == 111
@@ -184,15 +177,15 @@ def test_one_status_page_metrics_reload_and_admin_at_two_workers(
         epochs = [status(port)["backend"]["topology_epoch"] for port in ports]
         code, _, body = get(kp.http_port, "/admin/rebootstrap", method="POST")
         assert code == 200 and body.count(b"topology epoch is now") == 2
-        wait_for(lambda: all(status(port)["backend"]["topology_epoch"] > epoch
-                             for port, epoch in zip(ports, epochs, strict=True)), 10,
-                 "a worker's topology epoch did not move")
+        wait_until(lambda: all(status(port)["backend"]["topology_epoch"] > epoch
+                               for port, epoch in zip(ports, epochs, strict=True)), 10,
+                   "a worker's topology epoch did not move")
 
         # SIGHUP reloads every worker: each one's config generation shows it.
         cfg.write_text(cfg.read_text().replace("interval_ms = 500", "interval_ms = 700"))
         kp.signal(signal.SIGHUP)
-        wait_for(lambda: [r["config_generation"] for r in status(kp.http_port)["workers"]]
-                 == [1, 1], 30, "a worker did not reload")
+        wait_until(lambda: [r["config_generation"] for r in status(kp.http_port)["workers"]]
+                   == [1, 1], 30, "a worker did not reload")
         assert status(kp.http_port)["proxy"]["config_generation"] == 1
 
 
@@ -239,7 +232,7 @@ def test_workers_drain_when_the_supervisor_is_killed(backend: TansuBroker,
         kp.process.kill()
         kp.process.wait(10)
 
-        wait_for(lambda: all(gone(pid) for pid in workers), 60, "a worker outlived it")
+        wait_until(lambda: all(gone(pid) for pid in workers), 60, "a worker outlived it")
         log = kp.log()
         assert log.count("the supervisor is gone") == 2 and log.count("kproxy stopped") == 2
 
@@ -254,12 +247,12 @@ def test_a_second_signal_from_the_operator_stops_at_once(backend: TansuBroker,
         try:
             kp.signal(signal.SIGTERM)
             # The first one was taken: the other worker drained and stopped.
-            wait_for(lambda: "kproxy stopped" in kp.log(), 60, "no worker drained")
+            wait_until(lambda: "kproxy stopped" in kp.log(), 60, "no worker drained")
             assert kp.process.poll() is None  # still waiting for the stuck one
             kp.signal(signal.SIGTERM)
             assert kp.process.wait(30) == 1
             assert "stopping now" in kp.log()
-            wait_for(lambda: gone(stuck) and gone(other), 10, "a worker survived")
+            wait_until(lambda: gone(stuck) and gone(other), 10, "a worker survived")
         finally:
             if not gone(stuck):  # never leave a stopped process behind
                 os.kill(stuck, signal.SIGKILL)
