@@ -14,15 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kproxy.codecs import compression
-from kproxy.codecs.compression import DecompressionLimitExceeded
 from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.otlp import model as otlp
-from kproxy.codecs.otlp.decode import (
-    OtlpLimitExceeded,
-    decode_metrics_data,
-)
+from kproxy.codecs.otlp.decode import decode_metrics_data
 from kproxy.codecs.otlp.shape import Shape
+from kproxy.codecs.otlp.vetting import limit_of
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.telemetry_store import Landing
 from kproxy.policies.telemetry_subscriptions import Resolved, TelemetrySettings, resolve
@@ -316,9 +313,8 @@ class TelemetryState:
     def fail_push(self, pending: PendingPush, exc: CodecError) -> PushResult:
         """The payload did not decompress or decode, or passed a decode limit: 87."""
         pending.instance.last_error = INVALID_RECORD
-        limit = exc.limit if isinstance(exc, OtlpLimitExceeded) else (
-            "decompressed_bytes" if isinstance(exc, DecompressionLimitExceeded) else "")
-        return PushResult(INVALID_RECORD, pending.instance, detail=str(exc), limit=limit)
+        return PushResult(INVALID_RECORD, pending.instance, detail=str(exc),
+                          limit=limit_of(exc))
 
     def finish_push(self, pending: PendingPush, raw: bytes,
                     metrics: list[otlp.ResourceMetrics]) -> PushResult:

@@ -220,6 +220,8 @@ class Proxy:
         try:
             await self._run(handle_signals, task_status)
         finally:
+            if self.telemetry is not None:
+                await self.telemetry.vetting.aclose()
             if self.archive is not None:
                 await trio.to_thread.run_sync(self.archive.close)
 

@@ -81,12 +81,12 @@ class IdleThread:
                 self._thread.start()
 
     def _loop(self) -> None:
-        self.idle_class = _enter_idle_class()
+        self.idle_class = enter_idle_class("telemetry decompression")
         while True:
             self._jobs.get().run()
 
 
-def _enter_idle_class() -> bool:
+def enter_idle_class(what: str) -> bool:
     """Put the calling thread in the kernel's idle class; whether that was taken."""
     idle = getattr(os, "SCHED_IDLE", None)
     if idle is None:
@@ -94,7 +94,7 @@ def _enter_idle_class() -> bool:
     try:
         os.sched_setscheduler(0, idle, os.sched_param(0))  # 0: the calling thread
     except OSError as exc:  # e.g. a seccomp profile that forbids it
-        log.info("telemetry decompression runs at ordinary priority",
+        log.info("%s runs at ordinary priority", what,
                  extra={"fields": {"reason": exc.strerror or str(exc)}})
         return False
     return True

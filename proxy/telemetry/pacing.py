@@ -96,7 +96,8 @@ class Pacer:
         self._refill()
         self.tokens -= took
 
-    async def _rest(self, took: float) -> None:
+    async def rest(self, took: float) -> None:
+        """Charge ``took`` seconds of work (done anywhere) and rest as the bucket says."""
         self._charge(took)
         self._unslept += took
         pause = -self.tokens / self.share
@@ -118,7 +119,7 @@ class Pacer:
 
     async def _step_done(self, took: float) -> None:
         self.longest_step = max(self.longest_step, took)
-        await self._rest(took)
+        await self.rest(took)
 
     async def in_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the idle-class thread (``idle_thread``), then a rest in proportion
@@ -136,7 +137,7 @@ class Pacer:
         try:
             return await DECOMPRESSION.run(timed)
         finally:
-            await self._rest(spent)
+            await self.rest(spent)
 
 
 class PacerCollector:

@@ -12,8 +12,11 @@ sizes and its number of points are small (``codecs.otlp.small``), it is decoded
 and ingested at once and answered like any other local answer, its work bounded
 by those sizes and taken from the pacer's bucket; once that bucket is empty (small
 pushes back to back, such as a client asking for a fresh instance before each
-push), small pushes are paced too. Any other push is paced: decompression on a
-thread of the kernel's idle class (``idle_thread``; the codecs release the
+push), small pushes are paced too. Any other push is paced: first vetted by a
+helper process of the kernel's idle class (``vetting_process``), which decodes it to
+its end and answers only whether it passed its bounds, so a refused push (a bomb)
+costs this process no decoding; then, if it passed or the helper had no verdict,
+decompression on a thread of the idle class (``idle_thread``; the codecs release the
 interpreter lock), the bounded OTLP decode and the ingest on the event loop in
 small steps, with a sleep at least every ``pacing.REST_EVERY`` of work so that the
 express lane's thread gets the interpreter, and all of it together takes at most
@@ -43,6 +46,7 @@ from kproxy.codecs.otlp import model as otlp
 from kproxy.codecs.otlp.decode import MetricsDecoder
 from kproxy.codecs.otlp.shape import RecentShapes, Shape
 from kproxy.codecs.otlp.small import SMALL_BYTES, decode_small
+from kproxy.codecs.otlp.vetting import VetRequest
 from kproxy.codecs.peek import RequestPeek
 from kproxy.codecs.push_request import decode_push
 from kproxy.config.settings import TelemetryConfig
@@ -54,6 +58,7 @@ from kproxy.policies.connection import ConnectionState
 from kproxy.policies.telemetry_store import IngestStats, MetricsStore
 from kproxy.telemetry.exposition import ClientMetricsCollector
 from kproxy.telemetry.pacing import Pacer, PacerCollector
+from kproxy.telemetry.vetting_process import VettingProcess
 
 log = logging.getLogger("kproxy.telemetry")
 _COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
@@ -108,8 +113,14 @@ class TelemetryService:
         self.dropped_other = Counter(
             "kproxy_telemetry_dropped", "Client metric data not kept because a bound was "
             "reached, by bound: series_bytes, families, point_labels", ["bound"], registry=r)
+        self.vetted = Counter(
+            "kproxy_telemetry_pushes_vetted", "Paced pushes checked in the vetting helper "
+            "process before being decoded here, by verdict: passed, refused, none (the "
+            "helper was not available; the push was decoded here only)", ["verdict"],
+            registry=r)
         self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
         self.pacer = Pacer(DECODE_SHARE)
+        self.vetting = VettingProcess()
         r.register(PacerCollector(self.pacer, "telemetry_decode"))
         metrics.piece_sources.append(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
@@ -251,8 +262,10 @@ class TelemetryService:
 
     async def _decode(self, pending: policy.PendingPush,
                       raw: bytes | None) -> policy.PushResult:
-        """Decompressed (unless ``raw`` already is) and decoded, paced, in steps."""
+        """Vetted by the helper process, then (unless it refused) decompressed (unless
+        ``raw`` already is) and decoded here, paced, in steps."""
         try:
+            await self._vet(pending, raw)
             if raw is None and pending.compression_type:
                 raw = await self.pacer.in_thread(lambda: self.state.decompress(pending))
             elif raw is None:
@@ -262,6 +275,22 @@ class TelemetryService:
         except CodecError as exc:
             return self.state.fail_push(pending, exc)
         return self.state.finish_push(pending, raw, decoder.result)
+
+    async def _vet(self, pending: policy.PendingPush, raw: bytes | None) -> None:
+        """Raises the helper's refusal; returns when it passed the push or had no verdict.
+        Its processor time is charged to the pacer like work done here."""
+        settings = self.state.settings
+        verdict = await self.vetting.vet(VetRequest(
+            0 if raw is not None else pending.compression_type,
+            settings.max_decompressed_bytes, settings.decode_limits,
+            raw if raw is not None else pending.payload))
+        if verdict is None:
+            self.vetted.labels("none").inc()
+            return
+        self.vetted.labels("passed" if verdict.refusal is None else "refused").inc()
+        await self.pacer.rest(verdict.cpu_seconds)
+        if verdict.refusal is not None:
+            raise verdict.refusal
 
     async def _accept(self, session: ConnectionState, result: policy.PushResult) -> None:
         inst = result.instance

@@ -1,0 +1,124 @@
+"""The proxy's side of the vetting helper: one child process per proxy process.
+
+``TelemetryService`` asks ``vet`` about each push it paces, before decoding it on the
+loop: a push the helper refuses is answered without the loop walking it. The helper
+starts at the first such push (most proxies never see one), is asked one push at a
+time, and is started again when it has died (not sooner than ``RESTART_AFTER`` after
+a failure). While it cannot be started, or when it fails on a push, the answer is
+None: the push is decoded on the loop as it was before the helper existed, with the
+same bounds, so the helper only ever saves work and never decides alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import trio
+
+from kproxy.codecs.errors import CodecError
+from kproxy.codecs.otlp import vetting
+
+log = logging.getLogger("kproxy.telemetry")
+READ_CHUNK = 64 * 1024
+# Seconds a helper may take over one push (its start included), though it runs only
+# when a core is otherwise idle: past that it is stopped and the push decoded here.
+ASK_TIMEOUT = 30.0
+RESTART_AFTER = 10.0  # seconds after a failure before another start: no spawn storm
+
+
+class VettingProcess:
+    """A child ``kproxy.telemetry.vetting_child``, asked one push at a time."""
+
+    def __init__(self, command: list[str] | None = None, ask_timeout: float = ASK_TIMEOUT,
+                 restart_after: float = RESTART_AFTER) -> None:
+        self.command = command or [sys.executable, "-m", "kproxy.telemetry.vetting_child"]
+        self.ask_timeout, self.restart_after = ask_timeout, restart_after
+        self._proc: trio.Process | None = None
+        self._lock = trio.Lock()
+        self._buf = bytearray()
+        self._failed_at: float | None = None
+        self.started = 0  # helpers started, for tests and the log
+
+    async def vet(self, request: vetting.VetRequest) -> vetting.Verdict | None:
+        """The helper's verdict on ``request``; None when there is none to be had.
+
+        The question is shielded from cancellation (bounded by ``ask_timeout``): a
+        client that closes its connection mid-push must not cost a new helper.
+        """
+        async with self._lock:
+            proc = await self._running()
+            if proc is None:
+                return None
+            verdict = None
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.fail_after(self.ask_timeout):
+                        verdict = await self._ask(proc, request)
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                        trio.TooSlowError, CodecError, EOFError) as exc:
+                    log.warning("telemetry vetting helper failed; the push is decoded here",
+                                extra={"fields": {"error": str(exc) or type(exc).__name__}})
+                    self._failed_at = trio.current_time()
+                    await self._stop(proc)
+            return verdict
+
+    async def _ask(self, proc: trio.Process, request: vetting.VetRequest) -> vetting.Verdict:
+        assert proc.stdin is not None and proc.stdout is not None
+        await proc.stdin.send_all(vetting.encode_request(request))
+        head = await self._read(proc.stdout, vetting.LENGTH.size)
+        (size,) = vetting.LENGTH.unpack(head)
+        if size > vetting.MAX_VERDICT_BYTES:
+            raise CodecError(f"a verdict of {size} bytes", what="vetting verdict")
+        return vetting.decode_verdict(await self._read(proc.stdout, size))
+
+    async def _read(self, stream: trio.abc.ReceiveStream, n: int) -> bytes:
+        while len(self._buf) < n:
+            chunk = await stream.receive_some(READ_CHUNK)
+            if not chunk:
+                raise EOFError("the vetting helper closed its output")
+            self._buf += chunk
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    async def _running(self) -> trio.Process | None:
+        now = trio.current_time()
+        if self._proc is not None:
+            if self._proc.returncode is None:
+                return self._proc
+            log.warning("telemetry vetting helper exited",
+                        extra={"fields": {"returncode": self._proc.returncode}})
+            self._proc, self._failed_at = None, now
+        if self._failed_at is not None and now - self._failed_at < self.restart_after:
+            return None
+        try:
+            self._proc = await trio.lowlevel.open_process(
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        except OSError as exc:
+            self._failed_at = now
+            log.warning("telemetry vetting helper did not start; pushes are decoded here",
+                        extra={"fields": {"error": str(exc)}})
+            return None
+        self._buf.clear()
+        self.started += 1
+        return self._proc
+
+    async def _stop(self, proc: trio.Process) -> None:
+        """The helper ended: its input closed (it exits at once), killed if it lingers."""
+        if self._proc is proc:
+            self._proc = None
+        self._buf.clear()
+        with trio.CancelScope(shield=True):
+            if proc.stdin is not None:
+                await proc.stdin.aclose()
+            with trio.move_on_after(2):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+    async def aclose(self) -> None:
+        if self._proc is not None:
+            await self._stop(self._proc)
