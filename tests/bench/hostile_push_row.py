@@ -131,8 +131,9 @@ def section(data: dict[str, Any]) -> list[str]:
               "kproxy `--workers 1` at its default settings. Every push is refused as "
               "INVALID_RECORD when the decoder reaches its point bound"
               + (f" ({others} answered otherwise)" if others else "")
-              + "; decoding is paced to a quarter of a core, in steps, with a sleep of about "
-              "a millisecond at least every 0.5 ms of work (docs/security.md). "
+              + ", by the vetting helper (a process of its own, in the kernel's idle "
+              "class), so the proxy's loop decodes none of them; decoding is paced to a "
+              "quarter of a core (docs/security.md). "
               "`.venv/bin/python tests/bench/run_bench.py --only hostile-push` measures "
               "this section alone.", ""]
     return lines
