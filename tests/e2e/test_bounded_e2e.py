@@ -86,8 +86,8 @@ def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
     """Pushes of 1.5 KB that expand to 15 MB of data points, back to back on two
     connections, beside a live confluent-kafka producer: every delivery succeeds, every
     push is refused (by the vetting helper), no decode step holds the loop for long and
-    decoding keeps to its share of the processor. The producer's p99 with and without is printed; the ratio
-    is a figure for `make bench`, not a verdict here."""
+    decoding keeps to its share of the processor. The producer's p99 with and without is
+    printed; the ratio is a figure for `make bench`, not a verdict here."""
     topic = "bounded-hostile"
     # One worker: what is measured is a hostile pusher and a producer on two
     # connections of the same event loop; at two workers the kernel decides whether
