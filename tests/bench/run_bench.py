@@ -71,7 +71,8 @@ def main() -> int:
                                            "scrape-workers",
                                            "small", "floor", "tls", "telemetry-p99",
                                            "hostile-push", "p99-pair", "throughput-pair"],
-                        help="run only this part and put its section into the existing report")
+                        help="run only this part; the report is rewritten from the saved run "
+                        "(--json) with it, or, with none saved, gets its section")
     parser.add_argument("--relay-baseline", default=relay_ab.BASELINE,
                         help="the commit --only relay-ab compares this tree's relay with")
     parser.add_argument("--rebootstrap-runs", type=int, default=3,
@@ -271,8 +272,9 @@ def report_from_json(args: argparse.Namespace) -> int:
 
 
 def only(args: argparse.Namespace) -> int:
-    """One section measured on its own and put into the existing report (and into the
-    saved run, if there is one, so that --from-json keeps it)."""
+    """One section measured on its own, put into the saved run (if there is one, so that
+    --from-json keeps it) and the report rewritten from that run, Targets included;
+    with no saved run, the section alone is put into the existing report."""
     raise_fd_limit()
     work = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"kproxy-bench-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
@@ -295,7 +297,11 @@ def only(args: argparse.Namespace) -> int:
                                2000 if args.smoke else 250_000)
         lines, heading = workers_row.section(data), workers_row.HEADING
         save_section(Path(args.json), "workers", data)
-    splice(Path(args.out), heading, lines)
+    if Path(args.json).exists():  # the whole report again, so the Targets table agrees
+        args.from_json = args.json
+        report_from_json(args)
+    else:
+        splice(Path(args.out), heading, lines)
     print("\n".join(lines))
     return 0
 
