@@ -3,8 +3,8 @@
 Reads vetting requests (``codecs.otlp.vetting``) from its standard input and writes a
 verdict for each to its standard output, one at a time, until its input closes (the
 proxy stopped or died). It runs in the kernel's idle class where that is allowed, so
-the work of checking pushes takes only processor time nothing else wants; it holds
-no interpreter lock the proxy needs and fills no cache of the relay's process.
+the work of checking pushes takes only processor time nothing else wants, and it
+holds no interpreter lock the proxy needs.
 """
 
 from __future__ import annotations
