@@ -18,7 +18,7 @@ from kproxy.embedded_broker import TansuBroker
 
 from .. import hostile_pusher
 from ..client_id_flood import flood, settle
-from ..support import kproxy_process, metric_value
+from ..support import kproxy_process, metric_value, wait_until
 
 
 def test_a_flood_of_distinct_long_client_ids_retains_bounded_memory(
@@ -137,3 +137,55 @@ def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
     assert 0 < longest <= STEP_CPU_S, f"a decode step held the loop for {longest * 1e3:.1f} ms"
     assert 0 < decoding <= DECODE_SHARE * elapsed + DECODE_BURST_S + STEP_CPU_S, (
         f"decoding took {decoding:.2f} CPU s in {elapsed:.1f} s: over its share")
+
+
+def _helpers_under(root: int) -> set[int]:
+    """Vetting helpers among ``root``'s descendants (the workers' children), from /proc."""
+    parents: dict[int, int] = {}
+    helpers: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # ended while being read
+            continue
+        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+        if b"kproxy.telemetry.vetting_child" in cmdline:
+            helpers.add(int(entry.name))
+
+    def under(pid: int) -> bool:
+        for _ in range(16):
+            pid = parents.get(pid, 0)
+            if pid == root:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return {pid for pid in helpers if under(pid)}
+
+
+def test_at_the_default_worker_count_helpers_refuse_bombs_and_end_with_the_proxy(
+        shared_tansu: TansuBroker, tmp_path: Path) -> None:
+    """What users run (one worker per core): bombs on connections spread over the
+    workers are refused by the workers' vetting helpers, counted in the proxy's one
+    /metrics, and every helper ends when the proxy stops (SIGTERM, a drain)."""
+    with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
+        pusher = hostile_pusher.start(kp.bootstrap_port, 4)
+        try:
+            wait_until(lambda: _helpers_under(kp.process.pid), 60,
+                       "a vetting helper under the proxy's workers")
+        finally:
+            answers = hostile_pusher.stop(pusher)
+        helpers = _helpers_under(kp.process.pid)  # every one started: they last till the end
+        assert helpers
+        assert set(answers) == {87} and answers[87] >= 1, answers
+        _, text = kp.http_get("/metrics")
+        vetted = metric_value(text, 'kproxy_telemetry_pushes_vetted_total{verdict="refused"}')
+        assert vetted >= answers[87], (vetted, answers)
+        assert metric_value(text, 'kproxy_telemetry_pushes_vetted_total{verdict="none"}') == 0
+    assert kp.process.returncode == 0, kp.log()
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in helpers), 30,
+               f"helpers {sorted(helpers)} to end with the proxy")
