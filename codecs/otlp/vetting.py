@@ -8,10 +8,12 @@ process (``kproxy.telemetry.vetting_child``, driven by ``vetting_process``) run
 loop decodes it, so a hostile stream costs the relay's loop no decoding at all; a
 push that passes is decoded on the loop as before, in steps.
 
-This module holds the check and the helper's wire format, both free of I/O: a
-request is the push's compression, the bounds and the payload; a verdict is whether
-it passed, the processor time the check took (which the pacer charges), and for a
-refusal its reason and the bound that was passed.
+This module holds the check and the helper's wire format, both free of I/O. Both ways
+a message is a frame as Kafka's (a 4-byte size, then the body: ``codecs.framing``, whose
+``FrameReader`` splits and bounds them at either end): a request's body is the push's
+compression, the bounds and the payload; a verdict's is whether it passed, the
+processor time the check took (which the pacer charges), and for a refusal its reason
+and the bound that was passed.
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ from dataclasses import astuple, dataclass
 
 from kproxy.codecs import compression
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import frame
 from kproxy.codecs.otlp.decode import DecodeLimits, MetricsDecoder, OtlpLimitExceeded
 
-# A frame: its length (the bytes after these four), then the body.
-LENGTH = struct.Struct(">I")
 # Request body: compression type, bound on decompressed bytes, the six DecodeLimits in
 # field order; then the payload.
 _REQUEST = struct.Struct(">BQ6I")
@@ -94,7 +95,7 @@ def vet(request: VetRequest) -> Verdict:
 def encode_request(request: VetRequest) -> bytes:
     head = _REQUEST.pack(request.compression_type, request.max_decompressed_bytes,
                          *astuple(request.limits))
-    return LENGTH.pack(len(head) + len(request.payload)) + head + request.payload
+    return frame(head + request.payload)
 
 
 def decode_request(body: bytes) -> VetRequest:
@@ -110,7 +111,7 @@ def encode_verdict(verdict: Verdict) -> bytes:
     name = (refusal.limit_name if refusal else "").encode()
     reason = (refusal.reason if refusal else "").encode()[:MAX_REASON_BYTES]
     body = _VERDICT.pack(refusal is not None, verdict.cpu_seconds, len(name)) + name + reason
-    return LENGTH.pack(len(body)) + body
+    return frame(body)
 
 
 def decode_verdict(body: bytes) -> Verdict:

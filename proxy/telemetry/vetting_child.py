@@ -10,39 +10,30 @@ holds no interpreter lock the proxy needs.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import BinaryIO
 
-from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.otlp import vetting
 from kproxy.telemetry.idle_thread import enter_idle_class
 
-
-def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
-    """``n`` bytes, or None at the end of the stream (a partial read is the end too)."""
-    chunks, left = [], n
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+READ_CHUNK = 64 * 1024
 
 
-def serve(inp: BinaryIO, out: BinaryIO, max_request_bytes: int) -> None:
-    """Answer requests until ``inp`` ends; a malformed request ends the helper."""
-    while (head := _read_exactly(inp, vetting.LENGTH.size)) is not None:
-        (size,) = vetting.LENGTH.unpack(head)
-        if size > max_request_bytes:
-            raise CodecError(f"a vetting request of {size} bytes, over {max_request_bytes}",
-                             what="vetting request")
-        body = _read_exactly(inp, size)
-        if body is None:
-            return
-        out.write(vetting.encode_verdict(vetting.vet(vetting.decode_request(body))))
-        out.flush()
+def serve(receive: Callable[[], bytes], out: BinaryIO, max_request_bytes: int) -> None:
+    """Answer requests until ``receive`` returns b"" (the input ended; a request cut
+    short there is dropped). A request over ``max_request_bytes`` ends the helper
+    (``FrameTooLarge``)."""
+    reader = FrameReader(max_request_bytes)
+    while chunk := receive():
+        reader.feed(chunk)
+        while (body := reader.next_frame()) is not None:
+            out.write(vetting.encode_verdict(vetting.vet(vetting.decode_request(body))))
+            out.flush()
 
 
 def main() -> None:
@@ -51,7 +42,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     enter_idle_class("telemetry vetting")
     with contextlib.suppress(BrokenPipeError):  # the proxy is gone
-        serve(sys.stdin.buffer, sys.stdout.buffer, vetting.MAX_REQUEST_BYTES)
+        serve(functools.partial(os.read, sys.stdin.fileno(), READ_CHUNK), sys.stdout.buffer,
+              vetting.MAX_REQUEST_BYTES)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 import trio
 
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.otlp import vetting
 
 log = logging.getLogger("kproxy.telemetry")
@@ -37,7 +38,7 @@ class VettingProcess:
         self.ask_timeout, self.restart_after = ask_timeout, restart_after
         self._proc: trio.Process | None = None
         self._lock = trio.Lock()
-        self._buf = bytearray()
+        self._reader = FrameReader(vetting.MAX_VERDICT_BYTES)  # the running helper's
         self._failed_at: float | None = None
         self.started = 0  # helpers started, for tests and the log
 
@@ -67,21 +68,12 @@ class VettingProcess:
     async def _ask(self, proc: trio.Process, request: vetting.VetRequest) -> vetting.Verdict:
         assert proc.stdin is not None and proc.stdout is not None
         await proc.stdin.send_all(vetting.encode_request(request))
-        head = await self._read(proc.stdout, vetting.LENGTH.size)
-        (size,) = vetting.LENGTH.unpack(head)
-        if size > vetting.MAX_VERDICT_BYTES:
-            raise CodecError(f"a verdict of {size} bytes", what="vetting verdict")
-        return vetting.decode_verdict(await self._read(proc.stdout, size))
-
-    async def _read(self, stream: trio.abc.ReceiveStream, n: int) -> bytes:
-        while len(self._buf) < n:
-            chunk = await stream.receive_some(READ_CHUNK)
+        while (body := self._reader.next_frame()) is None:
+            chunk = await proc.stdout.receive_some(READ_CHUNK)
             if not chunk:
                 raise EOFError("the vetting helper closed its output")
-            self._buf += chunk
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+            self._reader.feed(chunk)
+        return vetting.decode_verdict(body)
 
     async def _running(self) -> trio.Process | None:
         now = trio.current_time()
@@ -101,7 +93,7 @@ class VettingProcess:
             log.warning("telemetry vetting helper did not start; pushes are decoded here",
                         extra={"fields": {"error": str(exc)}})
             return None
-        self._buf.clear()
+        self._reader = FrameReader(vetting.MAX_VERDICT_BYTES)
         self.started += 1
         return self._proc
 
@@ -109,7 +101,6 @@ class VettingProcess:
         """The helper ended: its input closed (it exits at once), killed if it lingers."""
         if self._proc is proc:
             self._proc = None
-        self._buf.clear()
         with trio.CancelScope(shield=True):
             if proc.stdin is not None:
                 await proc.stdin.aclose()

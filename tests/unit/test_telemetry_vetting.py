@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from kproxy.codecs import compression
 from kproxy.codecs.errors import CodecError
+from kproxy.codecs.framing import FrameReader, FrameTooLarge, frame
 from kproxy.codecs.otlp import vetting
 from kproxy.codecs.otlp.decode import DEFAULT_LIMITS, DecodeLimits
 from kproxy.telemetry import vetting_child
@@ -31,10 +33,13 @@ def request(payload: bytes, kind: int = ZSTD, limits: DecodeLimits = DEFAULT_LIM
     return vetting.VetRequest(kind, MAX_DECOMPRESSED, limits, payload)
 
 
-def body(frame: bytes) -> bytes:
-    (size,) = vetting.LENGTH.unpack_from(frame)
-    assert size == len(frame) - vetting.LENGTH.size
-    return frame[vetting.LENGTH.size:]
+def body(wire: bytes) -> bytes:
+    """The one frame ``wire`` holds, whole."""
+    reader = FrameReader()
+    reader.feed(wire)
+    (only,) = reader.frames()
+    assert reader.buffered() == 0
+    return only
 
 
 # ---------------------------------------------------------------- the check
@@ -100,25 +105,29 @@ def test_the_wire_decoders_fail_only_with_codec_error(data: bytes) -> None:
 # ---------------------------------------------------------------- the helper's main loop
 
 
+def pieces(data: bytes, size: int) -> Callable[[], bytes]:
+    """``data`` as a pipe gives it: ``size`` bytes a read, then b"" (its end)."""
+    stream = io.BytesIO(data)
+    return lambda: stream.read(size)
+
+
 def test_the_helper_answers_each_request_in_order_until_its_input_ends() -> None:
     asked = [request(bomb()), request(librdkafka_like_payload(), kind=0)]
     out = io.BytesIO()
-    vetting_child.serve(io.BytesIO(b"".join(map(vetting.encode_request, asked))), out,
+    vetting_child.serve(pieces(b"".join(map(vetting.encode_request, asked)), 7), out,
                         vetting.MAX_REQUEST_BYTES)
-    answers, data = [], out.getvalue()
-    while data:
-        (size,) = vetting.LENGTH.unpack_from(data)
-        answers.append(vetting.decode_verdict(data[4:4 + size]))
-        data = data[4 + size:]
+    reader = FrameReader()
+    reader.feed(out.getvalue())
+    answers = [vetting.decode_verdict(body) for body in reader.frames()]
+    assert reader.buffered() == 0
     assert [a.refusal is None for a in answers] == [False, True]
 
 
 def test_the_helper_refuses_a_request_over_its_bound_and_stops_at_a_cut_one() -> None:
-    with pytest.raises(CodecError, match="over 100"):
-        vetting_child.serve(io.BytesIO(vetting.LENGTH.pack(101) + bytes(101)), io.BytesIO(),
-                            100)
+    with pytest.raises(FrameTooLarge, match="exceeds the limit of 100 bytes"):
+        vetting_child.serve(pieces(frame(bytes(101)), 4096), io.BytesIO(), 100)
     out = io.BytesIO()
-    vetting_child.serve(io.BytesIO(vetting.encode_request(request(bomb()))[:-3]), out,
+    vetting_child.serve(pieces(vetting.encode_request(request(bomb()))[:-3], 4096), out,
                         vetting.MAX_REQUEST_BYTES)
     assert out.getvalue() == b""
 
@@ -151,8 +160,8 @@ async def test_a_helper_that_cannot_start_gives_no_verdict_and_is_not_retried_at
 
 async def test_a_helper_that_answers_garbage_is_stopped_and_another_started_later() -> None:
     garbage = [sys.executable, "-c",
-               "import sys; sys.stdin.buffer.read(4); sys.stdout.buffer.write(b'\\xff' * 8); "
-               "sys.stdout.flush()"]
+               "import sys; sys.stdin.buffer.read(4); "
+               "sys.stdout.buffer.write(b'\\x7f' + b'\\xff' * 7); sys.stdout.flush()"]
     helper = VettingProcess(command=garbage, restart_after=0.0)
     assert await helper.vet(request(bomb())) is None  # a verdict too long to be one
     helper.command = VettingProcess().command
