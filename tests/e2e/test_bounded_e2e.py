@@ -18,7 +18,7 @@ from kproxy.embedded_broker import TansuBroker
 
 from .. import hostile_pusher
 from ..client_id_flood import flood, settle
-from ..support import kproxy_process, metric_value, wait_until
+from ..support import KproxyProcess, kproxy_process, metric_value, wait_until, worker_pids
 
 
 def test_a_flood_of_distinct_long_client_ids_retains_bounded_memory(
@@ -139,32 +139,17 @@ def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
         f"decoding took {decoding:.2f} CPU s in {elapsed:.1f} s: over its share")
 
 
-def _helpers_under(root: int) -> set[int]:
-    """Vetting helpers among ``root``'s descendants (the workers' children), from /proc."""
-    parents: dict[int, int] = {}
-    helpers: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:  # ended while being read
-            continue
-        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
-        if b"kproxy.telemetry.vetting_child" in cmdline:
-            helpers.add(int(entry.name))
+def helpers_of(kp: KproxyProcess) -> set[int]:
+    """The vetting helpers the proxy's workers have started (their children, from /proc)."""
+    return {pid for worker in kp.worker_pids() for pid in worker_pids(worker)
+            if b"kproxy.telemetry.vetting_child" in _cmdline(pid)}
 
-    def under(pid: int) -> bool:
-        for _ in range(16):
-            pid = parents.get(pid, 0)
-            if pid == root:
-                return True
-            if pid <= 1:
-                return False
-        return False
 
-    return {pid for pid in helpers if under(pid)}
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # ended meanwhile
+        return b""
 
 
 def test_at_the_default_worker_count_helpers_refuse_bombs_and_end_with_the_proxy(
@@ -175,11 +160,11 @@ def test_at_the_default_worker_count_helpers_refuse_bombs_and_end_with_the_proxy
     with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
         pusher = hostile_pusher.start(kp.bootstrap_port, 4)
         try:
-            wait_until(lambda: _helpers_under(kp.process.pid), 60,
+            wait_until(lambda: helpers_of(kp), 60,
                        "a vetting helper under the proxy's workers")
         finally:
             answers = hostile_pusher.stop(pusher)
-        helpers = _helpers_under(kp.process.pid)  # every one started: they last till the end
+        helpers = helpers_of(kp)  # every one started: they last till the proxy ends
         assert helpers
         assert set(answers) == {87} and answers[87] >= 1, answers
         _, text = kp.http_get("/metrics")
