@@ -66,7 +66,8 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
         f"- machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"Linux {platform.release()}, Python {platform.python_version()}",
         f"- run took {meta['elapsed']:.0f} s; command: `make bench`"
-        + (" (smoke: tiny workloads)" if meta["smoke"] else ""), "",
+        + (" (smoke: tiny workloads)" if meta["smoke"] else ""),
+        f"- memory: {meta.get('page_reporting', 'free-page reporting not recorded')}", "",
     ]
     lines += [
         "## Throughput (MB/s, ratio to direct)", "",

@@ -9,6 +9,7 @@ runs: one repetition, tiny workloads, the same code paths.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -31,6 +32,7 @@ import admission_row  # noqa: E402
 import connection_cost_row  # noqa: E402
 import hostile_push_row  # noqa: E402
 import p99_pair_row  # noqa: E402
+import page_reporting  # noqa: E402
 import rebootstrap_row  # noqa: E402
 import relay_ab  # noqa: E402
 import relay_floor  # noqa: E402
@@ -92,10 +94,20 @@ def main() -> int:
         parser.error("--workers-compare takes two counts, such as 1,2")
     if args.from_json:
         return report_from_json(args)
-    if args.only_scrape:
-        return only_scrape(args)
-    if args.only:
-        return only(args)
+    # A smoke run measures no figure: the machine's settings stay as they are.
+    held = (contextlib.nullcontext("free-page reporting not touched (smoke run)")
+            if args.smoke else page_reporting.held_back())
+    with held as memory:
+        print(f"memory: {memory}", flush=True)
+        if args.only_scrape:
+            return only_scrape(args)
+        if args.only:
+            return only(args)
+        return measure_all(args, memory)
+
+
+def measure_all(args: argparse.Namespace, memory: str) -> int:
+    """Every section, then the report."""
     smoke = args.smoke
     reps = 1 if smoke else args.reps
     # Long enough (seconds, not fractions of one) that start-up and scheduling noise
@@ -229,7 +241,7 @@ def main() -> int:
         else rebootstrap_row.measure(work, args.rebootstrap_runs, 5))
     meta = {"smoke": smoke, "reps": reps, "counts": counts,
             "elapsed": time.monotonic() - started, "fd_hard": fd_hard, "n1k": n1k,
-            "n100": n100}
+            "n100": n100, "page_reporting": memory}
     write_report(paths, meta, sections, args)
     return 0
 

@@ -1,0 +1,54 @@
+"""Free-page reporting held back while the bench runs, so that a broker's memory costs
+every path the same.
+
+On a virtual machine with a virtio-balloon that reports free pages (Firecracker's, as
+on the bench machine), memory a process frees goes back to the host, and whoever next
+touches that much fresh memory pays the host's page faults as its own CPU time. On
+this machine a GiB touched again at once costs 0.41 s of CPU, and 1.0-1.5 s when the
+freed memory was reported first. A bench round restarts its brokers (freeing what the
+last round stored), then sends 256 MB through each path in turn: the paths that ran
+before the report went out found their pages cheap, the one after it found them dear,
+and its broker took up to twice the CPU for the same bytes (0.8-1.1 s against
+0.5-0.6), so that path's throughput read a third lower. Which relay that was came down
+to the round's order: it was the noise that made the throughput verdicts flip.
+
+The guest kernel here lets a page wait before it is reported
+(``/sys/module/page_reporting/parameters/min_free_ms``, 0 by default, at most 300 s).
+``held_back`` sets that wait to its longest for the run, so that a repetition (the main
+section's take about two minutes) reuses the pages the last one freed, and sets it back
+after. Where the knob is missing or cannot be written (another
+machine, not root), nothing changes and the report says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+KNOB = Path("/sys/module/page_reporting/parameters/min_free_ms")
+HOLD_MS = 300_000  # the longest wait the kernel accepts for the knob
+
+
+@contextlib.contextmanager
+def held_back(knob: Path = KNOB, hold_ms: int = HOLD_MS) -> Iterator[str]:
+    """Hold back free-page reporting for the block; yields what was done, in words, for
+    the report's header."""
+    try:
+        before = knob.read_text().strip()
+    except OSError:
+        yield "no free-page reporting to hold back on this machine"
+        return
+    try:
+        knob.write_text(str(hold_ms))
+    except OSError as exc:
+        yield (f"free-page reporting left as it was (min_free_ms {before}: "
+               f"{exc.strerror or type(exc).__name__})")
+        return
+    try:
+        yield (f"free-page reporting held back {hold_ms // 1000} s for the run "
+               f"(min_free_ms {before} -> {hold_ms}, set back after; see "
+               "tests/bench/page_reporting.py)")
+    finally:
+        with contextlib.suppress(OSError):
+            knob.write_text(before)
