@@ -29,8 +29,9 @@ ASK_TIMEOUT = 30.0
 RESTART_AFTER = 10.0  # seconds after a failure before another start: no spawn storm
 
 
-class VettingProcess:
-    """A child ``kproxy.telemetry.vetting_child``, asked one push at a time."""
+class VettingProcess(trio.abc.AsyncResource):
+    """A child ``kproxy.telemetry.vetting_child``, asked one push at a time; ``aclose``
+    (or leaving ``async with``) stops it."""
 
     def __init__(self, command: list[str] | None = None, ask_timeout: float = ASK_TIMEOUT,
                  restart_after: float = RESTART_AFTER) -> None:
@@ -111,5 +112,6 @@ class VettingProcess:
                 await proc.wait()
 
     async def aclose(self) -> None:
+        """Stop the running helper, if any; a later ``vet`` would start another."""
         if self._proc is not None:
             await self._stop(self._proc)

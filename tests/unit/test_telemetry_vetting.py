@@ -136,12 +136,9 @@ def test_the_helper_refuses_a_request_over_its_bound_and_stops_at_a_cut_one() ->
 
 
 async def test_a_real_helper_refuses_a_bomb_passes_a_push_and_is_started_once() -> None:
-    helper = VettingProcess()
-    try:
+    async with VettingProcess() as helper:
         refused = await helper.vet(request(bomb()))
         passed = await helper.vet(request(librdkafka_like_payload(), kind=0))
-    finally:
-        await helper.aclose()
     assert refused is not None and refused.refusal is not None
     assert refused.refusal.limit_name == "points"
     assert passed is not None and passed.refusal is None
@@ -165,24 +162,19 @@ async def test_a_helper_that_answers_garbage_is_stopped_and_another_started_late
     helper = VettingProcess(command=garbage, restart_after=0.0)
     assert await helper.vet(request(bomb())) is None  # a verdict too long to be one
     helper.command = VettingProcess().command
-    try:
+    async with helper:
         verdict = await helper.vet(request(bomb()))
-    finally:
-        await helper.aclose()
     assert verdict is not None and verdict.refusal is not None
     assert helper.started == 2
 
 
 async def test_a_helper_that_dies_between_pushes_is_started_again() -> None:
-    helper = VettingProcess(restart_after=0.0)
-    try:
+    async with VettingProcess(restart_after=0.0) as helper:
         assert await helper.vet(request(bomb())) is not None
         assert helper._proc is not None
         helper._proc.kill()
         await helper._proc.wait()
         verdict = await helper.vet(request(bomb()))
-    finally:
-        await helper.aclose()
     assert verdict is not None and verdict.refusal is not None
     assert helper.started == 2
 
@@ -196,13 +188,10 @@ async def test_a_helper_too_slow_to_answer_is_stopped_and_the_push_gets_no_verdi
 
 
 async def test_a_caller_cancelled_mid_question_leaves_the_helper_in_step() -> None:
-    helper = VettingProcess()
-    try:
+    async with VettingProcess() as helper:
         with trio.move_on_after(0.001):
             await helper.vet(request(bomb()))
         # The question was shielded: the helper is the same, and answers the next one.
         verdict = await helper.vet(request(librdkafka_like_payload(), kind=0))
-    finally:
-        await helper.aclose()
     assert verdict is not None and verdict.refusal is None
     assert helper.started == 1
