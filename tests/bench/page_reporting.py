@@ -8,8 +8,8 @@ this machine a GiB touched again at once costs 0.41 s of CPU, and 1.0-1.5 s when
 freed memory was reported first. A bench round restarts its brokers (freeing what the
 last round stored), then sends 256 MB through each path in turn: the paths that ran
 before the report went out found their pages cheap, the one after it found them dear,
-and its broker took up to twice the CPU for the same bytes (0.8-1.1 s against
-0.5-0.6), so that path's throughput read a third lower. Which relay that was came down
+and its broker took up to twice the CPU for the same bytes (0.73-1.12 s against
+0.50-0.70), so that path's throughput read up to a third lower. Which relay that was came down
 to the round's order: it was the noise that made the throughput verdicts flip.
 
 The guest kernel here lets a page wait before it is reported
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,6 +66,8 @@ def held_back(knob: Path = KNOB, hold_ms: int = HOLD_MS,
         yield (f"free-page reporting left as it was (min_free_ms {before}: "
                f"{exc.strerror or type(exc).__name__})")
         return
+    # Never more than a quarter of the memory free now (a smaller machine).
+    warm_bytes = min(warm_bytes, os.sysconf("SC_AVPHYS_PAGES") * mmap.PAGESIZE // 4)
     try:
         warm(warm_bytes)
         yield (f"free-page reporting held back {hold_ms // 1000} s for the run "
