@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -94,6 +95,9 @@ def main() -> int:
         parser.error("--workers-compare takes two counts, such as 1,2")
     if args.from_json:
         return report_from_json(args)
+    # Stopped with SIGTERM (a kill, CI's time limit), the run still sets back what it
+    # held: SystemExit unwinds through the ``with`` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # A smoke run measures no figure: the machine's settings stay as they are.
     held = (contextlib.nullcontext("free-page reporting not touched (smoke run)")
             if args.smoke else page_reporting.held_back())
