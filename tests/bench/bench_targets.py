@@ -69,12 +69,18 @@ def signed(v: float | None) -> str:
     return "-" if v is None else f"{v:+.2f}"
 
 
+# What float arithmetic alone puts past a limit: CPU seconds are differences of 10 ms
+# ticks read from /proc, so 12 ticks over 8 came out as 0.120000000000001 /
+# 0.08000000000000007 = 1.500000000000011, and a run read "not met: 1e-14 over".
+_FLOAT_SLACK = 1e-9
+
+
 def verdict(value: float | None, limit: float, at_most: bool, unit: str = "") -> str:
     if value is None:
         return "-"
-    if (value <= limit) if at_most else (value >= limit):
-        return "met"
     gap = value - limit if at_most else limit - value
+    if gap <= _FLOAT_SLACK * max(1.0, abs(limit)):
+        return "met"
     # A miss under the rounding still says by how much, never "0.00 over".
     size = f"{gap:.2f}" if gap >= 0.005 else f"{gap:.1g}"
     return f"**not met**: {size}{unit} {'over' if at_most else 'short'}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_measure import Path_
-from bench_targets import ALONGSIDE, NOT_JUDGED, ratio_table, targets
+from bench_targets import ALONGSIDE, NOT_JUDGED, ratio_table, targets, verdict
 from hostile_push_row import HOSTILE, QUIET
 from telemetry_p99_row import DEFAULT, FAST
 
@@ -234,3 +234,11 @@ def test_the_relays_alone_are_shown_under_each_judged_throughput_row_unjudged() 
     # Without the section, the judged rows alone.
     assert len([ln for ln in targets(run, [1000], N1K, BASELINE)
                 if ln.startswith("| throughput")]) == 3
+
+
+def test_a_figure_past_its_limit_by_float_arithmetic_alone_meets_it() -> None:
+    """12 ticks of CPU over 8, as /proc's differences give them: exactly 1.5."""
+    assert verdict(0.120000000000001 / 0.08000000000000007, 1.5, True) == "met"
+    assert verdict(1.5 - 1e-14, 1.5, False) == "met"
+    assert verdict(1.501, 1.5, True) == "**not met**: 0.001 over"
+    assert verdict(0.999, 1.0, False) == "**not met**: 0.001 short"
