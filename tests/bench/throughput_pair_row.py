@@ -25,11 +25,14 @@ from __future__ import annotations
 import random
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench_measure import Path_, create_topic, section_run, workload
 from bench_stats import measured_section, round_summary
 from p99_pair_row import FLOOR, UNSUBSCRIBED, relays_alone, rounds_for
+
+if TYPE_CHECKING:
+    from kproxy.embedded_broker import TansuBroker
 
 HEADING = "## Throughput, the relays alone"
 HAPROXY = "haproxy (tcp)"
@@ -42,10 +45,13 @@ WORKLOADS = {"produce_1k": ("produce 1 KB", 1024, "tput-1k"),
              "consume": ("consume 1 KB", 1024, "tput-1k")}
 
 
-def _run(kind: str, path: Path_, counts: dict[str, int]) -> dict[str, float]:
-    """One workload through one relay: its MB/s and the relay's CPU seconds over it."""
+def _run(kind: str, path: Path_, counts: dict[str, int],
+         broker: TansuBroker) -> dict[str, float]:
+    """One workload through one relay: its MB/s, and the relay's CPU seconds and its
+    broker's over it."""
     _, size, topic = WORKLOADS[kind]
-    cpu0 = path.cpu_seconds()
+    behind = Path_("broker", broker.bootstrap, broker.process)  # restarted every round
+    cpu0, broker_cpu0 = path.cpu_seconds(), behind.cpu_seconds()
     if kind == "consume":
         r = workload("consume", path.bootstrap, topic=topic, count=counts[kind])
         if not r["complete"]:
@@ -55,7 +61,8 @@ def _run(kind: str, path: Path_, counts: dict[str, int]) -> dict[str, float]:
     else:
         r = workload("produce", path.bootstrap, topic=topic, count=counts[kind], size=size)
         failures = r["failures"]
-    return {"mb_s": r["mb_s"], "cpu_s": path.cpu_seconds() - cpu0, "failures": failures}
+    return {"mb_s": r["mb_s"], "cpu_s": path.cpu_seconds() - cpu0, "failures": failures,
+            "broker_cpu_s": behind.cpu_seconds() - broker_cpu0}
 
 
 def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
@@ -66,6 +73,7 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
     out: dict[str, Any] = {"counts": counts, "rounds": []}
     with section_run(out) as stops:
         paths, brokers = relays_alone(work, "tput", PATHS, stops)
+        broker_of = {p.name: b for p, b in zip(paths, brokers, strict=True)}
         rnd = random.Random(100)
         total = rounds_for(reps)
         for rep in range(total):
@@ -81,7 +89,8 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
                 order = paths[:]
                 rnd.shuffle(order)
                 for p in order:
-                    result.setdefault(kind, {})[p.name] = r = _run(kind, p, counts)
+                    result.setdefault(kind, {})[p.name] = r = _run(kind, p, counts,
+                                                                   broker_of[p.name])
                     print(f"throughput-pair round {rep + 1}/{total} {kind} {p.name}: {r}",
                           flush=True)
             out["rounds"].append(result)
@@ -100,7 +109,8 @@ def ratios(data: dict[str, Any] | None, kind: str, name: str,
 def section(data: dict[str, Any]) -> list[str]:
     rounds, counts = data["rounds"], data["counts"]
     lines = ["| workload | relay | MB/s, median | / haproxy, per round: median (quartiles; "
-             "lowest to highest) | CPU s per GB, median |", "|---|---|---|---|---|"]
+             "lowest to highest) | CPU s per GB, median | its broker's CPU s per GB, "
+             "median |", "|---|---|---|---|---|---|"]
     for kind, (label, size, _) in WORKLOADS.items():
         gb = counts[kind] * size / 1e9
         for name in PATHS:
@@ -108,9 +118,11 @@ def section(data: dict[str, Any]) -> list[str]:
             if not runs:
                 continue
             ratio = round_summary(ratios(data, kind, name)) if name != HAPROXY else "1"
+            behind = [r["broker_cpu_s"] for r in runs if "broker_cpu_s" in r]  # older runs: none
             lines.append(f"| {label} | {name} | "
                          f"{statistics.median(r['mb_s'] for r in runs):.1f} | {ratio} | "
-                         f"{statistics.median(r['cpu_s'] for r in runs) / gb:.2f} |")
+                         f"{statistics.median(r['cpu_s'] for r in runs) / gb:.2f} | "
+                         + (f"{statistics.median(behind) / gb:.2f} |" if behind else "- |"))
     subscribed = [f"{label} {round_summary(r)}" for kind, (label, _, _) in WORKLOADS.items()
                   if (r := ratios(data, kind, "kproxy", UNSUBSCRIBED))]
     if subscribed:
@@ -124,7 +136,11 @@ def section(data: dict[str, Any]) -> list[str]:
               "default settings (and once more with a `[[telemetry.subscriptions]]` asking "
               "for no metrics), haproxy in TCP mode, the floor relay `floor_relays.py "
               "trio-splice`; each in front of a broker of its own. CPU: the relay's user and "
-              "system time (/proc, 10 ms ticks) over its workload. The Targets table shows "
+              "system time (/proc, 10 ms ticks) over its workload, and its broker's: the "
+              "broker shares the machine's cores and sets the pace of produce, and what it "
+              "spends on the same bytes depends on the relay in front of it (a spliced "
+              "batch costs it more; docs/benchmarks.md, \"Where the time goes\"). The "
+              "Targets table shows "
               "these ratios beside the judged throughput rows, unjudged. "
               "`.venv/bin/python tests/bench/run_bench.py --only throughput-pair` measures "
               "this section alone.", ""]

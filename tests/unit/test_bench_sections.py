@@ -80,9 +80,11 @@ def test_p99_pair_section_gives_each_workload_its_per_round_differences() -> Non
 def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu() -> None:
     def relays(kproxy: float, floor: float) -> dict[str, dict[str, float]]:
         # kproxy whose clients collect no metrics: 2% faster than kproxy in every round.
-        return {"kproxy": {"mb_s": kproxy, "cpu_s": 0.07},
+        # The brokers' CPU: measured behind kproxy and haproxy, not in the others' runs
+        # (as in a run saved before the column).
+        return {"kproxy": {"mb_s": kproxy, "cpu_s": 0.07, "broker_cpu_s": 0.16},
                 p99_pair_row.UNSUBSCRIBED: {"mb_s": kproxy * 1.02, "cpu_s": 0.07},
-                "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.05},
+                "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.05, "broker_cpu_s": 0.14},
                 p99_pair_row.FLOOR: {"mb_s": floor, "cpu_s": 0.0}}
 
     given = ((97.0, 99.0), (99.0, 101.0), (98.0, 100.0), (96.0, 98.0), (100.0, 102.0))
@@ -95,12 +97,12 @@ def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu
     for label, gb in (("produce 1 KB", 0.256), ("produce 100 B", 0.1), ("consume 1 KB", 0.256)):
         expected += [
             f"| {label} | kproxy | 98.0 | 0.98 (quartiles 0.97 to 0.99; 0.96 to 1.00) "
-            f"| {0.07 / gb:.2f} |",
+            f"| {0.07 / gb:.2f} | {0.16 / gb:.2f} |",
             f"| {label} | kproxy, no metrics subscribed | 100.0 | 1.00 (quartiles 0.99 to "
-            f"1.01; 0.98 to 1.02) | {0.07 / gb:.2f} |",
-            f"| {label} | haproxy (tcp) | 100.0 | 1 | {0.05 / gb:.2f} |",
+            f"1.01; 0.98 to 1.02) | {0.07 / gb:.2f} | - |",
+            f"| {label} | haproxy (tcp) | 100.0 | 1 | {0.05 / gb:.2f} | {0.14 / gb:.2f} |",
             f"| {label} | floor relay (trio, splice) | 100.0 | 1.00 (quartiles 0.99 to 1.01; "
-            "0.98 to 1.02) | 0.00 |"]
+            "0.98 to 1.02) | 0.00 | - |"]
     assert rows == expected
     text = "".join(throughput_pair_row.section(data))
     assert "250,000 messages of 1 KB and 1,000,000 of 100 B" in text
