@@ -41,6 +41,9 @@ FLOOR = "floor relay (trio, splice)"  # floor_relays.py trio-splice: splice, no 
 # but its clients do the work of a client talking to a broker with no subscription (as
 # haproxy's do: tansu offers none), so the two relays carry the same clients' traffic.
 UNSUBSCRIBED = "kproxy, no metrics subscribed"
+# haproxy splicing, as kproxy does a large frame's rest: what splicing costs apart from
+# the relay's own code (the judged rows compare with haproxy as it runs by default).
+HAPROXY_SPLICE = "haproxy (tcp, splice)"
 NO_METRICS_CONFIG = '[[telemetry.subscriptions]]\nname = "none"\nmetrics = []\n'
 KINDS = (("produce_latency", "small produce"), ("metadata_latency", "Metadata"))
 
@@ -52,16 +55,18 @@ def rounds_for(reps: int) -> int:
 
 def relays_alone(work: Path, tag: str, names: tuple[str, ...],
                  stops: list[Callable[[], object]]) -> tuple[list[Path_], list[TansuBroker]]:
-    """The relays ``names`` ("kproxy", ``UNSUBSCRIBED``, "haproxy (tcp)", ``FLOOR``), each
-    in front of a broker of its own (haproxy's and the floor relay's advertise the relay's
-    port: neither rewrites addresses), and the brokers; each one's stop goes into
+    """The relays ``names`` ("kproxy", ``UNSUBSCRIBED``, "haproxy (tcp)", ``HAPROXY_SPLICE``,
+    ``FLOOR``), each in front of a broker of its own (haproxy's and the floor relay's
+    advertise the relay's port: neither rewrites addresses), and the brokers; each one's
+    stop goes into
     ``stops`` as it starts. kproxy runs ``--workers 1`` at its default settings
     (``UNSUBSCRIBED``: but for its telemetry subscription)."""
     paths: list[Path_] = []
     brokers: list[TansuBroker] = []
     for name in names:
         port = free_port()  # the relay's (kproxy picks its own)
-        log = work / f"broker-{tag}-{name.split()[0]}.log"
+        slug = "-".join("".join(c for c in name if c.isalnum() or c == " ").split())
+        log = work / f"broker-{tag}-{slug}.log"
         broker = (TansuBroker(log_path=log) if name in ("kproxy", UNSUBSCRIBED)
                   else TansuBroker(port=free_port(), advertised=f"127.0.0.1:{port}",
                                    log_path=log))
@@ -75,8 +80,10 @@ def relays_alone(work: Path, tag: str, names: tuple[str, ...],
             config.write_text(NO_METRICS_CONFIG)
             proc, port = kproxy(work, f"{tag}-unsubscribed", broker.bootstrap,
                                 ["--config", str(config)])
-        elif name == "haproxy (tcp)":
-            proc = haproxy(work, tag, port, broker.bootstrap)
+        elif name in ("haproxy (tcp)", HAPROXY_SPLICE):
+            spliced = name == HAPROXY_SPLICE
+            proc = haproxy(work, f"{tag}-splice" if spliced else tag, port, broker.bootstrap,
+                           splice=spliced)
         elif name == FLOOR:
             proc = start([sys.executable, str(Path(__file__).with_name("floor_relays.py")),
                           "trio-splice", str(port), broker.bootstrap],

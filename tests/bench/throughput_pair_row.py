@@ -1,13 +1,15 @@
 """How far this machine can tell two relays' throughput apart: the main section's three
-throughput workloads through kproxy, haproxy, a relay that does nothing but splice
-bytes, and kproxy whose clients collect no telemetry metrics.
+throughput workloads through kproxy, haproxy, haproxy splicing, a relay that does
+nothing but splice bytes, and kproxy whose clients collect no telemetry metrics.
 
 The main section's throughput rows have read from 0.92 to 1.00 of haproxy's from one
 full run to the next, and their targets ask for 1.00. This section asks whether such a
 gap can be told from the bench's own noise. It runs the main section's produce 1 KB,
-produce 100 B and consume 1 KB workloads through four relays, each in front of a
-broker of its own: kproxy (``--workers 1``, defaults), haproxy (TCP mode), the
-``trio-splice`` floor relay (``floor_relays.py``: trio, two tasks a connection, splice,
+produce 100 B and consume 1 KB workloads through five relays, each in front of a
+broker of its own: kproxy (``--workers 1``, defaults), haproxy (TCP mode), haproxy
+splicing both directions (socket to pipe to socket, as kproxy moves a large frame's
+rest: what splicing itself costs, apart from any relay's code), the ``trio-splice``
+floor relay (``floor_relays.py``: trio, two tasks a connection, splice,
 no Kafka code), which uses less CPU than haproxy; and kproxy again with a
 telemetry subscription that asks for no metrics: by default kproxy subscribes every
 client to all of its metrics (KIP-714), and a client collecting them does work of its
@@ -29,14 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from bench_measure import Path_, create_topic, section_run, workload
 from bench_stats import measured_section, round_summary
-from p99_pair_row import FLOOR, UNSUBSCRIBED, relays_alone, rounds_for
+from p99_pair_row import FLOOR, HAPROXY_SPLICE, UNSUBSCRIBED, relays_alone, rounds_for
 
 if TYPE_CHECKING:
     from kproxy.embedded_broker import TansuBroker
 
 HEADING = "## Throughput, the relays alone"
 HAPROXY = "haproxy (tcp)"
-PATHS = ("kproxy", UNSUBSCRIBED, HAPROXY, FLOOR)
+PATHS = ("kproxy", UNSUBSCRIBED, HAPROXY, HAPROXY_SPLICE, FLOOR)
 # The main section's workloads, under its keys: (label, message size, topic). As there,
 # a produce 1 KB round sends a quarter as many messages as a produce 100 B round; consume
 # reads back what produce 1 KB wrote.
@@ -134,9 +136,12 @@ def section(data: dict[str, Any]) -> list[str]:
               "100 B produced as in the main section, then the 1 KB ones read back, through "
               "each relay in a shuffled order for each workload. kproxy `--workers 1` at its "
               "default settings (and once more with a `[[telemetry.subscriptions]]` asking "
-              "for no metrics), haproxy in TCP mode, the floor relay `floor_relays.py "
-              "trio-splice`; each in front of a broker of its own. CPU: the relay's user and "
-              "system time (/proc, 10 ms ticks) over its workload, and its broker's: the "
+              "for no metrics), haproxy in TCP mode (and once more with `option "
+              "splice-request` and `option splice-response`: it then moves bytes socket "
+              "to pipe to socket, as kproxy moves a large frame's rest), the floor relay "
+              "`floor_relays.py trio-splice`; each in front of a broker of its own. CPU: "
+              "the relay's user and system time (/proc, 10 ms ticks) over its workload, "
+              "and its broker's: the "
               "broker shares the machine's cores and sets the pace of produce, and what it "
               "spends on the same bytes depends on the relay in front of it (a spliced "
               "batch costs it more; docs/benchmarks.md, \"Where the time goes\"). The "

@@ -60,10 +60,14 @@ def certificates(work: Path) -> dict[str, Path]:
 
 
 def haproxy(work: Path, name: str, port: int, backend: str, bind_ssl: str = "",
-            server_ssl: str = "") -> Any:
+            server_ssl: str = "", *, splice: bool = False) -> Any:
+    """haproxy in TCP mode in front of ``backend``; ``splice``: moving bytes socket to
+    pipe to socket in both directions (``option splice-request``/``splice-response``),
+    as kproxy does with a large frame's rest, instead of through its 16 KB buffers."""
     cfg = work / f"haproxy-{name}.cfg"
+    spliced = "  option splice-request\n  option splice-response\n" if splice else ""
     cfg.write_text("global\n  maxconn 1000\ndefaults\n  mode tcp\n  timeout connect 5s\n"
-                   "  timeout client 1h\n  timeout server 1h\n"
+                   f"  timeout client 1h\n  timeout server 1h\n{spliced}"
                    f"listen kafka\n  bind 127.0.0.1:{port}{bind_ssl}\n"
                    f"  server b {backend}{server_ssl}\n")
     return start([shutil.which("haproxy") or "/usr/sbin/haproxy", "-db", "-f", str(cfg)],

@@ -48,6 +48,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
         f"throughput, {label}, the relays alone (1 round): kproxy / haproxy",
         f"throughput, {label}, the relays alone (1 round): kproxy, no metrics subscribed / "
         "haproxy",
+        f"throughput, {label}, the relays alone (1 round): haproxy (tcp, splice) / haproxy",
         f"throughput, {label}, the relays alone (1 round): floor relay (trio, splice) / "
         "haproxy")]
     wanted += ["p99 added at 1,000/s, small produce: kproxy - haproxy",
@@ -123,14 +124,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert "error" not in pair and len(pair["rounds"]) == 1, pair
     assert all(r["p99_ms"] > 0 for kind in pair["rounds"][0].values()
                for r in kind.values()) and len(pair["rounds"][0]) == 2, pair
-    # The four relays of the throughput pair each produced every message and read every
+    # The five relays of the throughput pair each produced every message and read every
     # one back (a consume that fell short would have ended the section with an error).
     tput = results["throughput_pair"]
     assert "error" not in tput and len(tput["rounds"]) == 1, tput
     assert set(tput["rounds"][0]) == {"produce_1k", "produce_100b", "consume"}, tput
     for kind in tput["rounds"][0].values():
         assert set(kind) == {"kproxy", "kproxy, no metrics subscribed", "haproxy (tcp)",
-                             "floor relay (trio, splice)"}, tput
+                             "haproxy (tcp, splice)", "floor relay (trio, splice)"}, tput
         assert all(r["mb_s"] > 0 and r["failures"] == 0 for r in kind.values()), tput
     workers = results["workers"]["results"]
     for n in ("1", "2"):

@@ -85,6 +85,9 @@ def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu
         return {"kproxy": {"mb_s": kproxy, "cpu_s": 0.07, "broker_cpu_s": 0.16},
                 p99_pair_row.UNSUBSCRIBED: {"mb_s": kproxy * 1.02, "cpu_s": 0.07},
                 "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.05, "broker_cpu_s": 0.14},
+                # haproxy splicing: always 1% behind haproxy copying.
+                p99_pair_row.HAPROXY_SPLICE: {"mb_s": 99.0, "cpu_s": 0.03,
+                                              "broker_cpu_s": 0.15},
                 p99_pair_row.FLOOR: {"mb_s": floor, "cpu_s": 0.0}}
 
     given = ((97.0, 99.0), (99.0, 101.0), (98.0, 100.0), (96.0, 98.0), (100.0, 102.0))
@@ -101,6 +104,8 @@ def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu
             f"| {label} | kproxy, no metrics subscribed | 100.0 | 1.00 (quartiles 0.99 to "
             f"1.01; 0.98 to 1.02) | {0.07 / gb:.2f} | - |",
             f"| {label} | haproxy (tcp) | 100.0 | 1 | {0.05 / gb:.2f} | {0.14 / gb:.2f} |",
+            f"| {label} | haproxy (tcp, splice) | 99.0 | 0.99 (quartiles 0.99 to 0.99; 0.99 "
+            f"to 0.99) | {0.03 / gb:.2f} | {0.15 / gb:.2f} |",
             f"| {label} | floor relay (trio, splice) | 100.0 | 1.00 (quartiles 0.99 to 1.01; "
             "0.98 to 1.02) | 0.00 | - |"]
     assert rows == expected

@@ -196,9 +196,9 @@ def test_the_pair_rounds_are_shown_under_each_judged_p99_row_unjudged() -> None:
 
 def test_the_relays_alone_are_shown_under_each_judged_throughput_row_unjudged() -> None:
     """The throughput-pair section measures kproxy, kproxy whose clients collect no
-    metrics, and a floor relay against haproxy in more rounds, for each of the main
-    section's throughput workloads; the three ratios sit under that workload's judged
-    row, and the verdict stays the main section's."""
+    metrics, haproxy splicing and a floor relay against haproxy in more rounds, for each
+    of the main section's throughput workloads; the four ratios sit under that
+    workload's judged row, and the verdict stays the main section's."""
     run = paths([0.97, 0.98, 0.98], [0.0] * 3, 1.0, 1.0)
 
     def relays(kproxy: float, floor: float) -> dict[str, dict[str, float]]:
@@ -206,6 +206,7 @@ def test_the_relays_alone_are_shown_under_each_judged_throughput_row_unjudged() 
                 "kproxy, no metrics subscribed": {"mb_s": 100.0 * (kproxy + 0.01),
                                                   "cpu_s": 0.1},
                 "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.1},
+                "haproxy (tcp, splice)": {"mb_s": 99.0, "cpu_s": 0.05},
                 "floor relay (trio, splice)": {"mb_s": 100.0 * floor, "cpu_s": 0.1}}
 
     # produce 1 KB reads as given, produce 100 B 0.02 higher, consume 0.04 higher.
@@ -222,15 +223,18 @@ def test_the_relays_alone_are_shown_under_each_judged_throughput_row_unjudged() 
                   f"| throughput, {label}, the relays alone (5 rounds): "
                   "kproxy, no metrics subscribed / haproxy",
                   f"| throughput, {label}, the relays alone (5 rounds): "
+                  "haproxy (tcp, splice) / haproxy",
+                  f"| throughput, {label}, the relays alone (5 rounds): "
                   "floor relay (trio, splice) / haproxy"]
     assert [ln.split(" | ")[0] for ln in rows] == names
-    assert [rows[i].split(" | ")[1] for i in (1, 2, 3, 5, 9)] == [
+    assert [rows[i].split(" | ")[1] for i in (1, 2, 3, 4, 6, 11)] == [
         "0.99 (quartiles 0.98 to 1.00; 0.96 to 1.01)",
         "1.00 (quartiles 0.99 to 1.01; 0.97 to 1.02)",
+        "0.99 (quartiles 0.99 to 0.99; 0.99 to 0.99)",
         "0.99 (quartiles 0.98 to 1.00; 0.97 to 1.02)",
         "1.01 (quartiles 1.00 to 1.02; 0.98 to 1.03)",
         "1.03 (quartiles 1.02 to 1.04; 1.00 to 1.05)"]
-    assert verdicts(rows) == ["**not met**: 0.02 short", ALONGSIDE, ALONGSIDE, ALONGSIDE] * 3
+    assert verdicts(rows) == ["**not met**: 0.02 short", *[ALONGSIDE] * 4] * 3
     # Without the section, the judged rows alone.
     assert len([ln for ln in targets(run, [1000], N1K, BASELINE)
                 if ln.startswith("| throughput")]) == 3
