@@ -69,14 +69,8 @@ class Path_:
     def cpu_seconds(self) -> float:
         """CPU of the process and its descendants (kproxy --workers N: the supervisor
         and its workers), including children that exited and were waited for."""
-        ticks = 0
-        for pid in process_tree(self.process):
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # exited since the tree was read
-                continue
-            ticks += sum(int(v) for v in stat[11:15])  # utime stime cutime cstime
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return sum(process_cpu_seconds(pid, waited_for=True)
+                   for pid in process_tree(self.process))
 
     def rss_mb(self) -> float:
         """Resident memory of the process and its descendants."""
@@ -88,6 +82,39 @@ class Path_:
                 continue
             kb += sum(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
         return kb / 1024
+
+
+# The kernel's CPU-time clock of another process (clock_getcpuclockid(3)): its id is
+# the pid's complement shifted past the clock type, CPUCLOCK_SCHED (2) for the time
+# the scheduler ran it. It counts every thread, exited ones too, to the nanosecond,
+# where /proc/<pid>/stat counts in clock ticks (10 ms).
+_CPUCLOCK_SCHED = 2
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_clock_works() -> bool:
+    """Whether another process's CPU-time clock can be read here (Linux: yes)."""
+    try:
+        time.clock_gettime_ns(((~os.getpid()) << 3) | _CPUCLOCK_SCHED)
+    except (OSError, OverflowError):
+        return False
+    return True
+
+
+def process_cpu_seconds(pid: int, waited_for: bool = False) -> float:
+    """CPU seconds process ``pid`` has run, all its threads (and with ``waited_for``, its
+    children that exited and were waited for: those only in ticks); 0.0 once it is
+    gone. Where its CPU-time clock cannot be read, /proc's ticks."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # exited since the caller saw it
+        return 0.0
+    children = (int(stat[13]) + int(stat[14])) * TICK_S if waited_for else 0.0
+    try:
+        own = time.clock_gettime_ns(((~pid) << 3) | _CPUCLOCK_SCHED) / 1e9
+    except (OSError, OverflowError):
+        own = (int(stat[11]) + int(stat[12])) * TICK_S  # utime, stime
+    return own + children
 
 
 def process_tree(process: subprocess.Popen[bytes] | None) -> list[int]:

@@ -67,7 +67,10 @@ def write_report(paths: list[Path_], meta: dict[str, Any], sections: dict[str, A
         f"Linux {platform.release()}, Python {platform.python_version()}",
         f"- run took {meta['elapsed']:.0f} s; command: `make bench`"
         + (" (smoke: tiny workloads)" if meta["smoke"] else ""),
-        f"- memory: {meta.get('page_reporting', 'free-page reporting not recorded')}", "",
+        f"- memory: {meta.get('page_reporting', 'free-page reporting not recorded')}",
+        "- CPU read as: " + meta.get("cpu_clock", "10 ms ticks from /proc (a run from before "
+                                     "the report named how it read CPU)"),
+        "",
     ]
     lines += [
         "## Throughput (MB/s, ratio to direct)", "",

@@ -86,7 +86,7 @@ def spread(path: Path_, key: str, field_: str = "mb_s") -> str:
 
 def median_range(vals: list[float], digits: int = 2) -> str:
     """"median (lowest-highest)"; "-" when no repetition gave a value (a smoke run's
-    CPU reads can all be zero: the kernel counts CPU in 10 ms ticks)."""
+    CPU reads can all be zero where CPU is read in 10 ms ticks)."""
     if not vals:
         return "-"
     return (f"{statistics.median(vals):.{digits}f} ({min(vals):.{digits}f}-"

@@ -98,7 +98,7 @@ def section(data: dict[str, Any] | None) -> list[str]:
               f"per path, {data['reps']} repetition(s), every path in front of one broker "
               "and visited in a shuffled order; a connection sends ApiVersions v3 at once, "
               "reads the answer's first byte and closes. CPU: the proxy process's over a "
-              "repetition's connections, read 0.3 s after the last (10 ms ticks)."
+              "repetition's connections, read 0.3 s after the last (as the header says)."
               f"{ratio} `.venv/bin/python tests/bench/run_bench.py --only connections` "
               "measures this section alone.", ""]
     return lines

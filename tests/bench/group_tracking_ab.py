@@ -7,7 +7,6 @@ Run: .venv/bin/python tests/bench/group_tracking_ab.py [--messages N] [--reps R]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -17,15 +16,10 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench_measure import process_cpu_seconds
+
 from kproxy.embedded_broker import TansuBroker
 from tests.support import kproxy_process
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def one_run(broker: TansuBroker, tmp: Path, tracking: str, n: int, size: int) -> tuple[float,
@@ -37,7 +31,7 @@ def one_run(broker: TansuBroker, tmp: Path, tracking: str, n: int, size: int) ->
         topic = f"ab-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": kp.bootstrap})
         admin.create_topics([NewTopic(topic, num_partitions=4)])[topic].result(20)
-        cpu0, t0 = cpu_seconds(kp.process.pid), time.monotonic()
+        cpu0, t0 = process_cpu_seconds(kp.process.pid), time.monotonic()
         p = Producer({"bootstrap.servers": kp.bootstrap, "linger.ms": 10})
         payload = b"x" * size
         for _ in range(n):
@@ -64,7 +58,7 @@ def one_run(broker: TansuBroker, tmp: Path, tracking: str, n: int, size: int) ->
                         c.commit(asynchronous=True)
         c.close()
         assert got == n
-        return time.monotonic() - t0, cpu_seconds(kp.process.pid) - cpu0
+        return time.monotonic() - t0, process_cpu_seconds(kp.process.pid) - cpu0
 
 
 def main() -> int:

@@ -49,6 +49,7 @@ from bench_measure import (  # noqa: E402
     SCRAPE_SIZES,
     SCRAPE_WINDOW,
     Path_,
+    cpu_clock_works,
     create_topic,
     idle_connections,
     raise_fd_limit,
@@ -245,7 +246,11 @@ def measure_all(args: argparse.Namespace, memory: str) -> int:
         else rebootstrap_row.measure(work, args.rebootstrap_runs, 5))
     meta = {"smoke": smoke, "reps": reps, "counts": counts,
             "elapsed": time.monotonic() - started, "fd_hard": fd_hard, "n1k": n1k,
-            "n100": n100, "page_reporting": memory}
+            "n100": n100, "page_reporting": memory,
+            "cpu_clock": ("each process's CPU-time clock, to the nanosecond"
+                          if cpu_clock_works() else
+                          "10 ms ticks from /proc (no CPU-time clock of another process "
+                          "here)")}
     write_report(paths, meta, sections, args)
     return 0
 

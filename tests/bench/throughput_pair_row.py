@@ -140,7 +140,7 @@ def section(data: dict[str, Any]) -> list[str]:
               "splice-request` and `option splice-response`: it then moves bytes socket "
               "to pipe to socket, as kproxy moves a large frame's rest), the floor relay "
               "`floor_relays.py trio-splice`; each in front of a broker of its own. CPU: "
-              "the relay's user and system time (/proc, 10 ms ticks) over its workload, "
+              "the relay's user and system time over its workload (read as the header says), "
               "and its broker's: the "
               "broker shares the machine's cores and sets the pace of produce, and what it "
               "spends on the same bytes depends on the relay in front of it (a spliced "
