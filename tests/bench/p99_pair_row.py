@@ -58,9 +58,8 @@ def relays_alone(work: Path, tag: str, names: tuple[str, ...],
     """The relays ``names`` ("kproxy", ``UNSUBSCRIBED``, "haproxy (tcp)", ``HAPROXY_SPLICE``,
     ``FLOOR``), each in front of a broker of its own (haproxy's and the floor relay's
     advertise the relay's port: neither rewrites addresses), and the brokers; each one's
-    stop goes into
-    ``stops`` as it starts. kproxy runs ``--workers 1`` at its default settings
-    (``UNSUBSCRIBED``: but for its telemetry subscription)."""
+    stop goes into ``stops`` as it starts. kproxy runs ``--workers 1`` at its default
+    settings (``UNSUBSCRIBED``: but for its telemetry subscription)."""
     paths: list[Path_] = []
     brokers: list[TansuBroker] = []
     for name in names:

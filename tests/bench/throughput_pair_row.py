@@ -9,8 +9,8 @@ produce 100 B and consume 1 KB workloads through five relays, each in front of a
 broker of its own: kproxy (``--workers 1``, defaults), haproxy (TCP mode), haproxy
 splicing both directions (socket to pipe to socket, as kproxy moves a large frame's
 rest: what splicing itself costs, apart from any relay's code), the ``trio-splice``
-floor relay (``floor_relays.py``: trio, two tasks a connection, splice,
-no Kafka code), which uses less CPU than haproxy; and kproxy again with a
+floor relay (``floor_relays.py``: trio, two tasks a connection, splice, no Kafka code),
+which uses less CPU than haproxy; and kproxy again with a
 telemetry subscription that asks for no metrics: by default kproxy subscribes every
 client to all of its metrics (KIP-714), and a client collecting them does work of its
 own that a client of haproxy (in front of tansu, which offers no subscription) does not;
