@@ -69,8 +69,9 @@ def signed(v: float | None) -> str:
     return "-" if v is None else f"{v:+.2f}"
 
 
-# What float arithmetic alone puts past a limit: CPU seconds are differences of 10 ms
-# ticks read from /proc, so 12 ticks over 8 came out as 0.120000000000001 /
+# What float arithmetic alone puts past a limit: CPU seconds read in 10 ms ticks (as
+# before bb9f7bd, and still where no CPU-time clock can be read): 12 ticks over 8 came
+# out as 0.120000000000001 /
 # 0.08000000000000007 = 1.500000000000011, and a run read "not met: 1e-14 over".
 _FLOAT_SLACK = 1e-9
 
@@ -111,8 +112,7 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
                   else f"**not met**: {1 - mid:.2f} short")
         row(f"throughput, {label}: kproxy / haproxy", f"{mid:.2f} ({q1:.2f}-{q3:.2f})",
             ">= 1.00", result)
-        for name in ("kproxy", p99_pair_row.UNSUBSCRIBED, p99_pair_row.HAPROXY_SPLICE,
-                     p99_pair_row.FLOOR):
+        for name in throughput_pair_row.COMPARED:
             if pair := throughput_pair_row.ratios(throughput_pair, key, name):
                 row(f"throughput, {label}, the relays alone ({_rounds(pair)}): "
                     f"{name} / haproxy", round_summary(pair), "-", ALONGSIDE)

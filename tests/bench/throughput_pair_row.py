@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 HEADING = "## Throughput, the relays alone"
 HAPROXY = "haproxy (tcp)"
 PATHS = ("kproxy", UNSUBSCRIBED, HAPROXY, HAPROXY_SPLICE, FLOOR)
+COMPARED = tuple(p for p in PATHS if p != HAPROXY)  # each read over haproxy's MB/s
 # The main section's workloads, under its keys: (label, message size, topic). As there,
 # a produce 1 KB round sends a quarter as many messages as a produce 100 B round; consume
 # reads back what produce 1 KB wrote.
