@@ -352,3 +352,21 @@ def direct_connections(pids: int | list[int], port: int) -> int:
             if remote_port == port and cols[9] in inodes:
                 count += 1
     return count
+
+
+@contextmanager
+def busy_core(cpu: int | None = None, seconds: float = 120) -> Iterator[int]:
+    """A process at ordinary priority that keeps ``cpu`` (else the last of this thread's
+    usable CPUs) busy, for at most ``seconds`` (stopped on leaving): what an application
+    beside a sidecar does when it uses every core it has. Yields that CPU; code under
+    test pinned to it finds the kernel's idle class there given next to no time."""
+    cpu = max(os.sched_getaffinity(0)) if cpu is None else cpu
+    code = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nprint('busy', flush=True)\n"
+            f"end = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"busy\n"
+        yield cpu
+    finally:
+        proc.kill()
+        proc.wait()

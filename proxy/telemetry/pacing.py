@@ -32,7 +32,7 @@ from typing import TypeVar
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kproxy.telemetry.idle_thread import DECOMPRESSION
+from kproxy.telemetry.idle_thread import DECOMPRESSION, IdleTime
 
 T = TypeVar("T")
 DEFAULT_SHARE = 0.25  # of one core: what telemetry decoding may use at most
@@ -121,9 +121,10 @@ class Pacer:
         self.longest_step = max(self.longest_step, took)
         await self.rest(took)
 
-    async def in_thread(self, fn: Callable[[], T]) -> T:
-        """``fn()`` on the idle-class thread (``idle_thread``), then a rest in proportion
-        to its processor time."""
+    async def in_thread(self, fn: Callable[[], T], idle_time: IdleTime | None = None) -> T:
+        """``fn()`` on the idle-class thread (``idle_thread``; at ordinary priority when
+        ``idle_time`` says no core has had time to spare), then a rest in proportion to
+        its processor time."""
         spent = 0.0
 
         def timed() -> T:
@@ -135,7 +136,7 @@ class Pacer:
                 spent = time.thread_time() - started
 
         try:
-            return await DECOMPRESSION.run(timed)
+            return await DECOMPRESSION.run(timed, idle_time)
         finally:
             await self.rest(spent)
 

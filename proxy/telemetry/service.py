@@ -57,6 +57,7 @@ from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.telemetry_store import IngestStats, MetricsStore
 from kproxy.telemetry.exposition import ClientMetricsCollector
+from kproxy.telemetry.idle_thread import IdleTime, IdleTimeCollector
 from kproxy.telemetry.pacing import Pacer, PacerCollector
 from kproxy.telemetry.vetting_process import VettingProcess
 
@@ -116,12 +117,15 @@ class TelemetryService:
         self.vetted = Counter(
             "kproxy_telemetry_pushes_vetted", "Paced pushes checked in the vetting helper "
             "process before being decoded here, by verdict: passed, refused, none (the "
-            "helper was not available; the push was decoded here only)", ["verdict"],
+            "helper was not available, or no core had time to spare for it; the push "
+            "was decoded here only)", ["verdict"],
             registry=r)
         self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
         self.pacer = Pacer(DECODE_SHARE)
-        self.vetting = VettingProcess()
+        self.idle_time = IdleTime()  # whether the idle class has had time to spare
+        self.vetting = VettingProcess(idle_time=self.idle_time)
         r.register(PacerCollector(self.pacer, "telemetry_decode"))
+        r.register(IdleTimeCollector(self.idle_time))
         metrics.piece_sources.append(ClientMetricsCollector(self))
         self._ratelog_last = 0.0
         self.hostname = socket.gethostname()
@@ -267,7 +271,8 @@ class TelemetryService:
         try:
             await self._vet(pending, raw)
             if raw is None and pending.compression_type:
-                raw = await self.pacer.in_thread(lambda: self.state.decompress(pending))
+                raw = await self.pacer.in_thread(lambda: self.state.decompress(pending),
+                                                 self.idle_time)
             elif raw is None:
                 raw = pending.payload
             decoder = MetricsDecoder(raw, self.state.settings.decode_limits)

@@ -7,6 +7,11 @@ time, and is started again when it has died (not sooner than ``RESTART_AFTER`` a
 a failure). While it cannot be started, or when it fails on a push, the answer is
 None: the push is decoded on the loop as it was before the helper existed, with the
 same bounds, so the helper only ever saves work and never decides alone.
+
+It runs in the kernel's idle class, so a verdict waits for a core with time to spare.
+One that does not come within ``IdleTime.patience`` (its start included) means the
+machine has none: the helper is stopped, the push decoded here, and while
+``IdleTime`` backs off no push is sent to a helper (``idle_thread``).
 """
 
 from __future__ import annotations
@@ -20,12 +25,10 @@ import trio
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.otlp import vetting
+from kproxy.telemetry.idle_thread import IDLE_TIME, IdleTime
 
 log = logging.getLogger("kproxy.telemetry")
 READ_CHUNK = 64 * 1024
-# Seconds a helper may take over one push (its start included), though it runs only
-# when a core is otherwise idle: past that it is stopped and the push decoded here.
-ASK_TIMEOUT = 30.0
 RESTART_AFTER = 10.0  # seconds after a failure before another start: no spawn storm
 
 
@@ -33,11 +36,15 @@ class VettingProcess(trio.abc.AsyncResource):
     """A child ``kproxy.telemetry.vetting_child``, asked one push at a time; ``aclose``
     (or leaving ``async with``) stops it."""
 
-    def __init__(self, command: list[str] | None = None, ask_timeout: float = ASK_TIMEOUT,
+    def __init__(self, command: list[str] | None = None, idle_time: IdleTime | None = None,
                  restart_after: float = RESTART_AFTER) -> None:
         self.command = command or [sys.executable, "-m", "kproxy.telemetry.vetting_child"]
-        self.ask_timeout, self.restart_after = ask_timeout, restart_after
+        self.idle_time = idle_time or IDLE_TIME
+        self.restart_after = restart_after
         self._proc: trio.Process | None = None
+        # Helpers killed while starved: they exit when the kernel next runs them, which
+        # no push waits for; reaped when found gone.
+        self._dying: list[trio.Process] = []
         self._lock = trio.Lock()
         self._reader = FrameReader(vetting.MAX_VERDICT_BYTES)  # the running helper's
         self._failed_at: float | None = None
@@ -46,20 +53,28 @@ class VettingProcess(trio.abc.AsyncResource):
     async def vet(self, request: vetting.VetRequest) -> vetting.Verdict | None:
         """The helper's verdict on ``request``; None when there is none to be had.
 
-        The question is shielded from cancellation (bounded by ``ask_timeout``): a
-        client that closes its connection mid-push must not cost a new helper.
+        The question is shielded from cancellation (bounded by the idle class's
+        patience): a client that closes its connection mid-push must not cost a new
+        helper.
         """
         async with self._lock:
+            if not self.idle_time.available(trio.current_time()):
+                return None  # no core has had time to spare lately
             proc = await self._running()
             if proc is None:
                 return None
             verdict = None
             with trio.CancelScope(shield=True):
                 try:
-                    with trio.fail_after(self.ask_timeout):
+                    with trio.fail_after(self.idle_time.patience):
                         verdict = await self._ask(proc, request)
+                    self.idle_time.served()
+                except trio.TooSlowError:
+                    self.idle_time.starved(trio.current_time(), "the telemetry vetting "
+                                           "helper")
+                    await self._abandon(proc)
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                        trio.TooSlowError, CodecError, EOFError) as exc:
+                        CodecError, EOFError) as exc:
                     log.warning("telemetry vetting helper failed; the push is decoded here",
                                 extra={"fields": {"error": str(exc) or type(exc).__name__}})
                     self._failed_at = trio.current_time()
@@ -111,7 +126,23 @@ class VettingProcess(trio.abc.AsyncResource):
                 proc.kill()
                 await proc.wait()
 
+    async def _abandon(self, proc: trio.Process) -> None:
+        """Kill a starved helper, with the question it owes an answer to, and go on: it
+        would wait for idle time to read that its input closed, and to exit."""
+        if self._proc is proc:
+            self._proc = None
+        proc.kill()
+        with trio.CancelScope(shield=True):  # closing our ends waits for nothing
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    await stream.aclose()
+        self._dying.append(proc)
+        self._dying = [p for p in self._dying if p.poll() is None]
+
     async def aclose(self) -> None:
         """Stop the running helper, if any; a later ``vet`` would start another."""
         if self._proc is not None:
             await self._stop(self._proc)
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            for proc in self._dying:
+                await proc.wait()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 import trio
 
-from kproxy.telemetry.idle_thread import IdleThread
+from kproxy.telemetry.idle_thread import IdleThread, IdleTime, _Job
+
+from ..support import busy_core
 
 
 async def test_a_call_runs_on_the_thread_and_returns_or_raises() -> None:
@@ -56,3 +61,67 @@ async def test_where_the_idle_class_is_refused_the_thread_runs_at_ordinary_prior
     assert worker.idle_class is False
     assert any(r.getMessage() == "telemetry decompression runs at ordinary priority"
                for r in caplog.records)
+
+
+def test_idle_time_backs_off_doubling_to_its_longest_and_a_served_call_resets_it() -> None:
+    idle = IdleTime(patience=1.0, first=10.0, longest=25.0)
+    assert idle.available(0.0)
+    idle.starved(0.0, "work")
+    assert not idle.available(9.9) and idle.available(10.0)
+    idle.starved(10.0, "work")  # 20 s now
+    assert not idle.available(29.9) and idle.available(30.0)
+    idle.starved(30.0, "work")  # 25 s: the longest
+    assert not idle.available(54.9) and idle.available(55.0)
+    idle.served()
+    idle.starved(55.0, "work")
+    assert idle.available(65.0) and idle.starvations == 4
+
+
+def test_a_job_withdrawn_before_it_began_never_runs_and_one_begun_cannot_be() -> None:
+    ran: list[int] = []
+    job = _Job(lambda: ran.append(1), trio.lowlevel.TrioToken.__new__(trio.lowlevel.TrioToken))
+    assert job.withdraw() and job.fn is None  # what it held is freed at once
+    job.run()
+    assert ran == [] and not job.done.is_set()
+    begun = _Job(lambda: 7, trio.lowlevel.TrioToken.__new__(trio.lowlevel.TrioToken))
+    begun.begun = True
+    assert not begun.withdraw()
+
+
+@contextlib.contextmanager
+def pinned(cpu: int) -> Iterator[None]:
+    """This thread, and the threads and processes it starts, on ``cpu`` only."""
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def burn(seconds: float) -> str:
+    """``seconds`` of this thread's processor time; the thread's name."""
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+    return threading.current_thread().name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+async def test_on_a_core_with_no_time_to_spare_the_call_runs_at_ordinary_priority() -> None:
+    """A busy process on the thread's only core: the idle-class thread gets next to no
+    time, so the call is made again at ordinary priority after the patience, and for
+    the backoff after it no call waits for the idle class at all."""
+    idle = IdleTime(patience=0.3)
+    cpu = max(os.sched_getaffinity(0))
+    with pinned(cpu):
+        worker = IdleThread("test-idle-busy", idle)  # its thread starts on ``cpu``
+        # Started, in the idle class, and served while the core is still free.
+        assert await worker.run(threading.current_thread) is not threading.current_thread()
+        assert worker.idle_class is True and idle.starvations == 0
+        with busy_core(cpu), trio.fail_after(60):
+            where = await worker.run(lambda: burn(0.1))  # 100 ms of CPU
+            assert where != "test-idle-busy" and idle.starvations == 1
+            # No wait this time (it would count): straight to ordinary priority.
+            assert await worker.run(lambda: burn(0.001)) != "test-idle-busy"
+            assert idle.starvations == 1

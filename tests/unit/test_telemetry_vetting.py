@@ -4,7 +4,9 @@ of it with a real child process (a helper that fails is a real process too)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import os
 import sys
 from collections.abc import Callable
 
@@ -19,10 +21,12 @@ from kproxy.codecs.framing import FrameReader, FrameTooLarge, frame
 from kproxy.codecs.otlp import vetting
 from kproxy.codecs.otlp.decode import DEFAULT_LIMITS, DecodeLimits
 from kproxy.telemetry import vetting_child
+from kproxy.telemetry.idle_thread import IdleTime
 from kproxy.telemetry.vetting_process import VettingProcess
 
 from ..hostile_pusher import bomb
 from ..otlp_samples import librdkafka_like_payload
+from ..support import busy_core
 
 ZSTD = 4
 MAX_DECOMPRESSED = 16 << 20
@@ -179,12 +183,42 @@ async def test_a_helper_that_dies_between_pushes_is_started_again() -> None:
     assert helper.started == 2
 
 
-async def test_a_helper_too_slow_to_answer_is_stopped_and_the_push_gets_no_verdict() -> None:
+async def test_a_helper_too_slow_to_answer_is_stopped_and_none_is_asked_for_a_while() -> None:
+    """Past the patience the helper is killed at once (it would read that its input
+    closed only when it runs) and, while the idle class backs off, no push is sent to
+    a helper at all: each gets no verdict without a wait."""
     mute = [sys.executable, "-c", "import time; time.sleep(60)"]
-    helper = VettingProcess(command=mute, ask_timeout=0.5)
+    idle = IdleTime(patience=0.5)
+    helper = VettingProcess(command=mute, idle_time=idle)
     with trio.fail_after(20):
         assert await helper.vet(request(bomb())) is None
-    assert helper._proc is None
+        assert helper._proc is None and idle.starvations == 1
+        assert await helper.vet(request(bomb())) is None
+    assert helper.started == 1 and idle.starvations == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+async def test_a_real_helper_on_a_core_with_no_time_to_spare_gives_way_after_its_patience(
+        ) -> None:
+    """A busy process at ordinary priority on the only core the helper may use: the
+    helper, in the idle class, gets next to no time, so the push gets no verdict after
+    the patience (it used to wait 30 s), and the same helper serves again once the
+    core has time to spare."""
+    idle = IdleTime(patience=1.0, first=0.0)
+    # A push whose check takes the helper about a second of CPU: every point decoded.
+    every_point = dataclasses.replace(DEFAULT_LIMITS, max_points=10_000_000)
+    cpu = max(os.sched_getaffinity(0))
+    # The real helper, on that core (trio starts it from a thread of its own: it would
+    # not inherit this thread's mask).
+    pinned = [sys.executable, "-c", f"import os, runpy; os.sched_setaffinity(0, {{{cpu}}}); "
+              "runpy.run_module('kproxy.telemetry.vetting_child', run_name='__main__')"]
+    async with VettingProcess(command=pinned, idle_time=idle) as helper:
+        with busy_core(cpu), trio.fail_after(60):
+            assert await helper.vet(request(bomb(), limits=every_point)) is None
+            assert idle.starvations == 1 and helper._proc is None
+        verdict = await helper.vet(request(bomb()))  # the core is free again
+    assert verdict is not None and verdict.refusal is not None
+    assert helper.started == 2 and idle.starvations == 1
 
 
 async def test_a_caller_cancelled_mid_question_leaves_the_helper_in_step() -> None:
