@@ -74,10 +74,11 @@ class IdleTime:
         """``what`` waited past the patience at ``now`` (trio's clock)."""
         self.starvations += 1
         self._until = now + self._backoff
-        log.warning("%s waited %.1f s in the kernel's idle class (no core had time to "
-                    "spare): it runs at ordinary priority, paced, and so does such work "
-                    "for the next %.0f s", what, self.patience, self._backoff,
-                    extra={"fields": {"backoff_s": self._backoff}})
+        log.warning("telemetry work waited past its patience in the kernel's idle class "
+                    "(no core had time to spare); it runs at ordinary priority, paced, "
+                    "and so does such work for the backoff",
+                    extra={"fields": {"what": what, "patience_s": self.patience,
+                                      "backoff_s": self._backoff}})
         self._backoff = min(self._backoff * 2, self._longest)
 
     def served(self) -> None:

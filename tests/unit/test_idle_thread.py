@@ -63,10 +63,14 @@ async def test_where_the_idle_class_is_refused_the_thread_runs_at_ordinary_prior
                for r in caplog.records)
 
 
-def test_idle_time_backs_off_doubling_to_its_longest_and_a_served_call_resets_it() -> None:
+def test_idle_time_backs_off_doubling_to_its_longest_and_a_served_call_resets_it(
+        caplog: pytest.LogCaptureFixture) -> None:
     idle = IdleTime(patience=1.0, first=10.0, longest=25.0)
     assert idle.available(0.0)
-    idle.starved(0.0, "work")
+    with caplog.at_level("WARNING", logger="kproxy.telemetry"):
+        idle.starved(0.0, "work")
+    (record,) = caplog.records  # said once, with what waited and for how long it is left
+    assert record.__dict__["fields"] == {"what": "work", "patience_s": 1.0, "backoff_s": 10.0}
     assert not idle.available(9.9) and idle.available(10.0)
     idle.starved(10.0, "work")  # 20 s now
     assert not idle.available(29.9) and idle.available(30.0)
