@@ -198,7 +198,7 @@ class KproxyProcess:
         bootstrap listener)."""
         try:
             return self.http_get("/readyz")[0]
-        except urllib.error.URLError:
+        except (urllib.error.URLError, TimeoutError):
             return 0
 
     def all_ready(self) -> bool:
@@ -206,7 +206,7 @@ class KproxyProcess:
         starts once the whole proxy serves, not the first worker."""
         try:
             status, body = self.http_get("/readyz")
-        except urllib.error.URLError:
+        except (urllib.error.URLError, TimeoutError):  # not yet; on a loaded machine, slowly
             return False
         counts = re.match(r"(\d+)/(\d+) workers ready", body)
         return status == 200 and (counts is None or counts[1] == counts[2])
