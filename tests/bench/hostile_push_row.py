@@ -132,8 +132,10 @@ def section(data: dict[str, Any]) -> list[str]:
               "INVALID_RECORD when the decoder reaches its point bound"
               + (f" ({others} answered otherwise)" if others else "")
               + ", by the vetting helper (a process of its own, in the kernel's idle "
-              "class), so the proxy's loop decodes none of them; decoding is paced to a "
-              "quarter of a core (docs/security.md). "
+              "class), so the proxy's loop decodes none of them (were no core to have time "
+              "for the helper within a second, they would be decoded in the proxy and "
+              "counted in `kproxy_telemetry_idle_class_starved_total`); decoding is paced "
+              "to a quarter of a core (docs/security.md). "
               "`.venv/bin/python tests/bench/run_bench.py --only hostile-push` measures "
               "this section alone.", ""]
     return lines
