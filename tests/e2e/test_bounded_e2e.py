@@ -224,12 +224,13 @@ def test_at_the_default_worker_count_helpers_refuse_bombs_and_end_with_the_proxy
     with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
         pusher = hostile_pusher.start(kp.bootstrap_port, 4)
         try:
-            wait_until(lambda: helpers_of(kp), 60,
-                       "a vetting helper under the proxy's workers")
+            seen = wait_until(lambda: helpers_of(kp), 60,
+                              "a vetting helper under the proxy's workers")
         finally:
             answers = hostile_pusher.stop(pusher)
-        helpers = helpers_of(kp)  # every one started: they last till the proxy ends
-        assert helpers
+        # Every one started lasts till the proxy ends; one killed because no core had time
+        # for it (counted as the idle class starved) has ended already.
+        helpers = seen | helpers_of(kp)
         assert set(answers) == {87} and answers[87] >= 1, answers
         _, text = kp.http_get("/metrics")
         assert_vetted(text, answers[87])
