@@ -138,10 +138,9 @@ class _Job(Generic[T]):
 class IdleThread:
     """Runs one call at a time on a thread of its own, in the kernel's idle class."""
 
-    def __init__(self, name: str = "kproxy-idle", idle_time: IdleTime | None = None,
-                 what: str = "telemetry decompression") -> None:
+    def __init__(self, name: str = "kproxy-idle", what: str = "telemetry decompression"
+                 ) -> None:
         self.name, self.what = name, what
-        self.idle_time = idle_time or IDLE_TIME
         self.idle_class: bool | None = None  # None until the thread has started
         self._jobs: queue.SimpleQueue[_Job[Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -151,11 +150,11 @@ class IdleThread:
 
     async def run(self, fn: Callable[[], T], idle_time: IdleTime | None = None) -> T:
         """``fn()`` on the thread, or at ordinary priority on one of trio's when the idle
-        class has had no time to spare (``idle_time``, else the thread's). A call that
+        class has had no time to spare (``idle_time``, else ``IDLE_TIME``). A call that
         waits past the patience is withdrawn, or if it has begun left to finish with
         its result dropped, and made again at ordinary priority. A cancelled caller
         stops waiting; the call still runs to its end there, and its result is dropped."""
-        idle_time = idle_time or self.idle_time
+        idle_time = idle_time or IDLE_TIME
         if not idle_time.available(trio.current_time()) or (
                 self._abandoned is not None and not self._abandoned.done.is_set()):
             return await trio.to_thread.run_sync(fn)
@@ -182,7 +181,7 @@ class IdleThread:
                 self._thread.start()
 
     def _loop(self) -> None:
-        self.idle_class = enter_idle_class("telemetry decompression")
+        self.idle_class = enter_idle_class(self.what)
         while True:
             self._jobs.get().run()
 

@@ -128,14 +128,14 @@ class VettingProcess(trio.abc.AsyncResource):
 
     async def _abandon(self, proc: trio.Process) -> None:
         """Kill a starved helper, with the question it owes an answer to, and go on: it
-        would wait for idle time to read that its input closed, and to exit."""
+        would wait for idle time to read that its input closed, and to exit. Called
+        within ``vet``'s shield."""
         if self._proc is proc:
             self._proc = None
         proc.kill()
-        with trio.CancelScope(shield=True):  # closing our ends waits for nothing
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    await stream.aclose()
+        for stream in (proc.stdin, proc.stdout):  # closing our ends waits for nothing
+            if stream is not None:
+                await stream.aclose()
         self._dying.append(proc)
         self._dying = [p for p in self._dying if p.poll() is None]
 

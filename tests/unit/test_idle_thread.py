@@ -119,13 +119,14 @@ async def test_on_a_core_with_no_time_to_spare_the_call_runs_at_ordinary_priorit
     idle = IdleTime(patience=0.3)
     cpu = max(os.sched_getaffinity(0))
     with pinned(cpu):
-        worker = IdleThread("test-idle-busy", idle)  # its thread starts on ``cpu``
+        worker = IdleThread("test-idle-busy")  # its thread starts on ``cpu``
         # Started, in the idle class, and served while the core is still free.
-        assert await worker.run(threading.current_thread) is not threading.current_thread()
+        assert await worker.run(threading.current_thread, idle) is not (
+            threading.current_thread())
         assert worker.idle_class is True and idle.starvations == 0
         with busy_core(cpu), trio.fail_after(60):
-            where = await worker.run(lambda: burn(0.1))  # 100 ms of CPU
+            where = await worker.run(lambda: burn(0.1), idle)  # 100 ms of CPU
             assert where != "test-idle-busy" and idle.starvations == 1
             # No wait this time (it would count): straight to ordinary priority.
-            assert await worker.run(lambda: burn(0.001)) != "test-idle-busy"
+            assert await worker.run(lambda: burn(0.001), idle) != "test-idle-busy"
             assert idle.starvations == 1
