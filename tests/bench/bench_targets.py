@@ -45,9 +45,11 @@ NOT_JUDGED = "reported, not judged: no other path terminates telemetry"
 ALONGSIDE = "reported beside the judged row above, not judged"
 
 
-def _rounds(values: list[float]) -> str:
-    """"1 round", "15 rounds": how many a figure beside a judged row comes from."""
-    return f"{len(values)} round{'s' if len(values) != 1 else ''}"
+def _rounds(values: list[float] | int) -> str:
+    """"1 round", "15 rounds": how many a figure beside a judged row comes from (its
+    values, or their count)."""
+    n = values if isinstance(values, int) else len(values)
+    return f"{n} round{'s' if n != 1 else ''}"
 
 
 def idle_kb(path: Path_ | None, counts: list[int]) -> tuple[float, int] | None:
@@ -144,6 +146,13 @@ def targets(paths: list[Path_], counts: list[int], n1k: int,
         row(f"CPU s per GB relayed ({label}): kproxy / haproxy",
             f"{fmt(cpu, 2)} ({fmt(k_gb, 2)} / {fmt(h_gb, 2)})", f"<= {CPU_FACTOR:.1f}",
             verdict(cpu, CPU_FACTOR, True))
+        if key == "consume" and (n := throughput_pair_row.empty_consumer_rounds(
+                throughput_pair)):
+            net = throughput_pair_row.consume_net_ratios(throughput_pair)
+            row(f"CPU s per GB relayed (consume 1 KB), the relays alone "
+                f"({_rounds(n)}), less what a consumer of an empty "
+                "topic cost: kproxy / haproxy", round_summary(net) if net else "-", "-",
+                ALONGSIDE)
     kb = idle_kb(kp, counts)
     row("proxy memory per idle connection pair (KB)" + (f", at {kb[1]:,}" if kb else ""),
         fmt(kb[0] if kb else None), f"<= {IDLE_KB:.0f}",

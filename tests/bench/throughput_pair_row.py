@@ -20,6 +20,13 @@ order for each workload; twice as many rounds as the main section has repetition
 one. The ratios are taken within each round. What the floor relay reads against
 haproxy is the resolution: a relay that costs no more than haproxy reads that, not
 1.00 exactly.
+
+A consume round's CPU is not all per byte: each round is a new consumer, whose
+connections, first requests, telemetry and close the relay serves whatever it reads,
+and the relay's own timers run while it does. So each round also runs a consumer of an
+empty topic through each relay, and the report shows consume's CPU per GB with that
+taken off beside the whole. And since what a wake-up costs depends on the machine
+(``host_wakes``), the run measures that first.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import host_wakes
 from bench_measure import Path_, create_topic, section_run, workload
 from bench_stats import measured_section, round_summary
 from p99_pair_row import FLOOR, HAPROXY_SPLICE, UNSUBSCRIBED, relays_alone, rounds_for
@@ -46,17 +54,19 @@ COMPARED = tuple(p for p in PATHS if p != HAPROXY)  # each read over haproxy's M
 WORKLOADS = {"produce_1k": ("produce 1 KB", 1024, "tput-1k"),
              "produce_100b": ("produce 100 B", 100, "tput-100b"),
              "consume": ("consume 1 KB", 1024, "tput-1k")}
+# A consumer with nothing to read: what a relay spends on a consumer whatever it reads.
+EMPTY, EMPTY_TOPIC = "consume_empty", "tput-empty"
 
 
 def _run(kind: str, path: Path_, counts: dict[str, int],
          broker: TansuBroker) -> dict[str, float]:
     """One workload through one relay: its MB/s, and the relay's CPU seconds and its
     broker's over it."""
-    _, size, topic = WORKLOADS[kind]
+    _, size, topic = WORKLOADS[kind] if kind != EMPTY else ("", 0, EMPTY_TOPIC)
     behind = Path_("broker", broker.bootstrap, broker.process)  # restarted every round
     cpu0, broker_cpu0 = path.cpu_seconds(), behind.cpu_seconds()
-    if kind == "consume":
-        r = workload("consume", path.bootstrap, topic=topic, count=counts[kind])
+    if kind in ("consume", EMPTY):
+        r = workload("consume", path.bootstrap, topic=topic, count=counts.get(kind, 0))
         if not r["complete"]:
             raise RuntimeError(f"consume via {path.name} read {r['messages']:,} of "
                                f"{counts[kind]:,}")
@@ -73,7 +83,9 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
     workload. ``count``: messages of 100 B a produce 100 B round sends."""
     counts = {"produce_1k": int(count) // 4, "produce_100b": int(count),
               "consume": int(count) // 4}
-    out: dict[str, Any] = {"counts": counts, "rounds": []}
+    # A smoke run (a small count) measures every figure, in short windows.
+    wakes = host_wakes.measure() if count >= 100_000 else host_wakes.measure(1.0, 2)
+    out: dict[str, Any] = {"counts": counts, "rounds": [], "wakes": wakes}
     with section_run(out) as stops:
         paths, brokers = relays_alone(work, "tput", PATHS, stops)
         broker_of = {p.name: b for p, b in zip(paths, brokers, strict=True)}
@@ -85,10 +97,10 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
                     broker.stop()
                     broker.start()
             for p in paths:
-                for topic in sorted({t for _, _, t in WORKLOADS.values()}):
+                for topic in sorted({t for _, _, t in WORKLOADS.values()} | {EMPTY_TOPIC}):
                     create_topic(p.bootstrap, topic)
             result: dict[str, dict[str, dict[str, float]]] = {}
-            for kind in WORKLOADS:
+            for kind in (*WORKLOADS, EMPTY):
                 order = paths[:]
                 rnd.shuffle(order)
                 for p in order:
@@ -106,6 +118,48 @@ def ratios(data: dict[str, Any] | None, kind: str, name: str,
     return [r[kind][name]["mb_s"] / r[kind][over]["mb_s"]
             for r in (data or {}).get("rounds") or []
             if name in r.get(kind, {}) and over in r[kind]]
+
+
+def empty_consumer_rounds(data: dict[str, Any] | None) -> int:
+    """Rounds that ran a consumer of an empty topic (runs saved before it: none)."""
+    return sum(EMPTY in r for r in (data or {}).get("rounds") or [])
+
+
+def consume_net_ratios(data: dict[str, Any] | None, name: str = "kproxy",
+                       over: str = HAPROXY) -> list[float]:
+    """Per round, ``name``'s CPU for consume 1 KB less its CPU for a consumer with
+    nothing to read, over ``over``'s the same."""
+    out = []
+    for r in (data or {}).get("rounds") or []:
+        if EMPTY not in r or name not in r[EMPTY] or over not in r[EMPTY]:
+            continue  # older runs: no empty consumer
+        ours = r["consume"][name]["cpu_s"] - r[EMPTY][name]["cpu_s"]
+        theirs = r["consume"][over]["cpu_s"] - r[EMPTY][over]["cpu_s"]
+        if theirs > 0:
+            out.append(ours / theirs)
+    return out
+
+
+def _per_consumer(data: dict[str, Any]) -> list[str]:
+    """What a consumer with nothing to read cost each relay, and consume's CPU per GB
+    with that taken off."""
+    rounds = [r for r in data["rounds"] if EMPTY in r]
+    if not rounds:
+        return []
+    gb = data["counts"]["consume"] * 1024 / 1e9
+    fixed, net = [], []
+    for name in PATHS:
+        pairs = [(r["consume"][name]["cpu_s"], r[EMPTY][name]["cpu_s"]) for r in rounds
+                 if name in r[EMPTY] and name in r.get("consume", {})]
+        if pairs:
+            fixed.append(f"{name} {statistics.median(e for _, e in pairs) * 1000:.0f} ms")
+            net.append(f"{name} {statistics.median(c - e for c, e in pairs) / gb:.2f}")
+    lines = ["", "A consumer of an empty topic, the relay's CPU over it, median: "
+             + ", ".join(fixed) + ". Consume 1 KB's CPU per GB with that taken off, "
+             "median: " + ", ".join(net) + "."]
+    if ratios_ := consume_net_ratios(data):
+        lines[-1] += (" kproxy / haproxy so, per round: " + round_summary(ratios_) + ".")
+    return lines
 
 
 @measured_section(HEADING)
@@ -126,6 +180,9 @@ def section(data: dict[str, Any]) -> list[str]:
                          f"{statistics.median(r['mb_s'] for r in runs):.1f} | {ratio} | "
                          f"{statistics.median(r['cpu_s'] for r in runs) / gb:.2f} | "
                          + (f"{statistics.median(behind) / gb:.2f} |" if behind else "- |"))
+    lines += _per_consumer(data)
+    if wakes := host_wakes.describe(data.get("wakes")):
+        lines += ["", wakes]
     subscribed = [f"{label} {round_summary(r)}" for kind, (label, _, _) in WORKLOADS.items()
                   if (r := ratios(data, kind, "kproxy", UNSUBSCRIBED))]
     if subscribed:

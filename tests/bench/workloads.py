@@ -89,7 +89,7 @@ def consume(bootstrap: str, topic: str, expect: int, start_at: float = 0.0
                 t0 = time.perf_counter()
             got += 1
             nbytes += len(m.value() or b"")
-    dt = time.perf_counter() - (t0 or time.perf_counter())
+    dt = time.perf_counter() - t0 if t0 is not None else 0.0  # nothing read: no time
     end = time.time()
     c.close()
     return {"mb_s": nbytes / dt / 1e6 if dt else 0.0, "messages": got,

@@ -63,6 +63,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
                "default: kproxy - kproxy",
                "CPU s per GB relayed (produce 1 KB): kproxy / haproxy",
                "CPU s per GB relayed (consume 1 KB): kproxy / haproxy",
+               "CPU s per GB relayed (consume 1 KB), the relays alone (1 round), less what "
+               "a consumer of an empty topic cost: kproxy / haproxy",
                "proxy memory per idle connection pair (KB)",
                "telemetry pushes per CPU-second: this tree / d1cc828",
                "proxy CPU per single-message produce at 1,000/s (ms)",
@@ -131,11 +133,18 @@ def test_bench_smoke(tmp_path: Path) -> None:
     # one back (a consume that fell short would have ended the section with an error).
     tput = results["throughput_pair"]
     assert "error" not in tput and len(tput["rounds"]) == 1, tput
-    assert set(tput["rounds"][0]) == {"produce_1k", "produce_100b", "consume"}, tput
-    for kind in tput["rounds"][0].values():
+    assert set(tput["rounds"][0]) == {"produce_1k", "produce_100b", "consume",
+                                      "consume_empty"}, tput
+    for name, kind in tput["rounds"][0].items():
         assert set(kind) == {"kproxy", "kproxy, no metrics subscribed", "haproxy (tcp)",
                              "haproxy (tcp, splice)", "floor relay (trio, splice)"}, tput
-        assert all(r["mb_s"] > 0 and r["failures"] == 0 for r in kind.values()), tput
+        assert all((r["mb_s"] == 0) == (name == "consume_empty") and r["failures"] == 0
+                   for r in kind.values()), tput
+    # What a wake-up costs this machine, measured before the rounds: CPU per wake-up of
+    # a sleeping Python and trio process, at both pauses.
+    assert {p: set(w) for p, w in tput["wakes"].items()} == {
+        "python": {"0.01", "1.0"}, "trio": {"0.01", "1.0"}}, tput["wakes"]
+    assert all(us > 0 for w in tput["wakes"].values() for us in w.values()), tput["wakes"]
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):

@@ -116,3 +116,33 @@ def test_throughput_pair_section_gives_each_workload_and_relay_its_ratio_and_cpu
             "produce 100 B 0.98") in text
     assert throughput_pair_row.section({"error": "haproxy is not installed"})[-2] == (
         "- not measured: haproxy is not installed")
+
+
+def test_throughput_pair_section_takes_an_empty_consumers_cpu_off_consume() -> None:
+    """A consumer of an empty topic in each round: its CPU per relay, consume's CPU per
+    GB less it, kproxy over haproxy per round; and what a wake-up costs the machine."""
+    def relays(kind: str, kproxy_cpu: float) -> dict[str, dict[str, float]]:
+        return {"kproxy": {"mb_s": 100.0 if kind != throughput_pair_row.EMPTY else 0.0,
+                           "cpu_s": kproxy_cpu},
+                "haproxy (tcp)": {"mb_s": 100.0 if kind != throughput_pair_row.EMPTY
+                                  else 0.0,
+                                  "cpu_s": 0.002 if kind == throughput_pair_row.EMPTY
+                                  else 0.082}}
+
+    cpu = {"produce_1k": 0.1, "produce_100b": 0.1, "consume": 0.12,
+           throughput_pair_row.EMPTY: 0.04}
+    data = {"counts": {"produce_1k": 250_000, "produce_100b": 1_000_000, "consume": 250_000},
+            "rounds": [{kind: relays(kind, c) for kind, c in cpu.items()}] * 3,
+            "wakes": {"python": {"0.01": 310.0, "1.0": 2900.0},
+                      "trio": {"0.01": 3180.0, "1.0": 14800.0}}}
+    text = "\n".join(throughput_pair_row.section(data))
+    # 0.08 s and 0.08 s over 256,000,000 bytes: 0.31 s per GB each, a ratio of 1.00.
+    assert ("A consumer of an empty topic, the relay's CPU over it, median: kproxy 40 ms, "
+            "haproxy (tcp) 2 ms. Consume 1 KB's CPU per GB with that taken off, median: "
+            "kproxy 0.31, haproxy (tcp) 0.31. kproxy / haproxy so, per round: 1.00 "
+            "(quartiles 1.00 to 1.00; 1.00 to 1.00).") in text
+    assert ("its CPU per wake-up; `tests/bench/host_wakes.py`): python 310 us at 10 ms, "
+            "2,900 us at 1 s; trio 3,180 us at 10 ms, 14,800 us at 1 s.") in text
+    # The table keeps one row per workload it always had: none for the empty consumer.
+    assert not [ln for ln in throughput_pair_row.section(data) if "empty" in ln
+                and ln.startswith("| ")]

@@ -240,6 +240,33 @@ def test_the_relays_alone_are_shown_under_each_judged_throughput_row_unjudged() 
                 if ln.startswith("| throughput")]) == 3
 
 
+def test_consume_cpu_less_an_empty_consumers_is_shown_under_the_judged_row() -> None:
+    """Each round of the relays-alone section also runs a consumer of an empty topic;
+    consume's CPU less that one's, kproxy over haproxy per round, sits under the judged
+    consume CPU row, unjudged. Runs saved before it have no such row."""
+    run = paths([0.97, 0.98, 0.98], [0.0] * 3, 1.0, 1.0)
+
+    def round_(kproxy_consume: float) -> dict[str, dict[str, dict[str, float]]]:
+        return {"consume": {"kproxy": {"mb_s": 100.0, "cpu_s": kproxy_consume},
+                            "haproxy (tcp)": {"mb_s": 100.0, "cpu_s": 0.08}},
+                "consume_empty": {"kproxy": {"mb_s": 0.0, "cpu_s": 0.03},
+                                  "haproxy (tcp)": {"mb_s": 0.0, "cpu_s": 0.0}}}
+
+    # (0.12 - 0.03) / 0.08, (0.11 - 0.03) / 0.08, (0.13 - 0.03) / 0.08
+    pair = {"rounds": [round_(0.12), round_(0.11), round_(0.13)]}
+    lines = targets(run, [1000], N1K, BASELINE, throughput_pair=pair)
+    rows = [ln for ln in lines if ln.startswith("| CPU s per GB relayed (consume")]
+    assert [ln.split(" | ")[0] for ln in rows] == [
+        "| CPU s per GB relayed (consume 1 KB): kproxy / haproxy",
+        "| CPU s per GB relayed (consume 1 KB), the relays alone (3 rounds), less what a "
+        "consumer of an empty topic cost: kproxy / haproxy"]
+    assert rows[1].split(" | ")[1] == "1.12 (quartiles 1.06 to 1.19; 1.00 to 1.25)"
+    assert verdicts(rows[1:]) == [ALONGSIDE]
+    old = {"rounds": [{k: v for k, v in round_(0.12).items() if k == "consume"}]}
+    assert len([ln for ln in targets(run, [1000], N1K, BASELINE, throughput_pair=old)
+                if ln.startswith("| CPU s per GB relayed (consume")]) == 1
+
+
 def test_a_figure_past_its_limit_by_float_arithmetic_alone_meets_it() -> None:
     """12 ticks of CPU over 8, as /proc's differences give them: exactly 1.5."""
     assert verdict(0.120000000000001 / 0.08000000000000007, 1.5, True) == "met"
