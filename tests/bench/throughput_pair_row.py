@@ -69,7 +69,7 @@ def _run(kind: str, path: Path_, counts: dict[str, int],
         r = workload("consume", path.bootstrap, topic=topic, count=counts.get(kind, 0))
         if not r["complete"]:
             raise RuntimeError(f"consume via {path.name} read {r['messages']:,} of "
-                               f"{counts[kind]:,}")
+                               f"{counts.get(kind, 0):,}")
         failures = 0.0
     else:
         r = workload("produce", path.bootstrap, topic=topic, count=counts[kind], size=size)
