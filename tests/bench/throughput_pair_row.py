@@ -146,7 +146,7 @@ def _per_consumer(data: dict[str, Any]) -> list[str]:
     rounds = [r for r in data["rounds"] if EMPTY in r]
     if not rounds:
         return []
-    gb = data["counts"]["consume"] * 1024 / 1e9
+    gb = data["counts"]["consume"] * WORKLOADS["consume"][1] / 1e9
     fixed, net = [], []
     for name in PATHS:
         pairs = [(r["consume"][name]["cpu_s"], r[EMPTY][name]["cpu_s"]) for r in rounds
