@@ -62,8 +62,8 @@ class Session(RequestSide):
                  "_on_end", "_upstream_io", "bytes_in", "catch_up", "client", "conn", "frames_in",
                  "handing_back", "lane_after", "lane_decided", "lane_eof", "lane_failed",
                  "lane_run", "lane_short", "last_activity", "listener", "mute_scope",
-                 "mute_until", "opened_at", "ordered", "parked", "services", "upstream",
-                 "upstream_pending", "writer")
+                 "mute_until", "opened_at", "ordered", "park_order", "parked", "services",
+                 "upstream", "upstream_pending", "writer")
 
     def __init__(self, services: SessionServices, client: trio.abc.Stream, listener: str,
                  node_id: int | None, peer: tuple[str, int],
@@ -77,8 +77,10 @@ class Session(RequestSide):
         self._client_io: Transport = transport_for(client)
         self._upstream_io: Transport | None = None
         self.ordered = OrderedResponses()
+        # The timeout is read from the services, not through ``self``: a session in a
+        # reference cycle would wait for the cyclic collector instead of going at close.
         self.writer = ClientWriter(self._client_io, self.ordered, services.metrics,
-                                   lambda: self.config.write_timeout)
+                                   lambda: services.config.write_timeout)
         # For the idle and first-request timeouts: complete frames either way.
         self.frames_in = 0
         self.last_activity = trio.current_time()
@@ -89,6 +91,7 @@ class Session(RequestSide):
         self._closing = False  # close() was called: the run ends, and never parks
         self._parking = False  # the request side parked: the tasks stop, the sockets stay
         self.parked = False  # held by the parking lot (kproxy.session.parked), no task running
+        self.park_order = -1  # which of the lot's parks it is in (the lot's to set)
         self._recv_scope = None  # the wait for the client's bytes
         # How much one receive from the client asks for (see ``_take``).
         self._recv_bytes = RECV_BYTES

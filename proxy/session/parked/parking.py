@@ -25,10 +25,12 @@ request after request without re-arming.
 
 Deadlines: parked sessions in a heap by their last activity (the idle timeout is the
 same for every connection and read from the configuration each time, so a reload
-applies); entries of sessions that woke meanwhile are skipped, and dropped in bulk when
-they outnumber the live ones. A session the express lane relays for stays parked and
-its activity moves on without a new entry: when its entry comes due, it is put back at
-its latest activity (one heap operation per idle timeout, not per request).
+applies); entries of sessions that woke meanwhile are skipped, and dropped in bulk
+when they outnumber the live ones. An entry names its session by descriptor and park,
+not by reference, so that a stale one does not keep an ended session alive. A
+session the express lane relays for stays parked and its activity moves on without a
+new entry: when its entry comes due, it is put back at its latest activity (one heap
+operation per idle timeout, not per request).
 """
 
 from __future__ import annotations
@@ -82,8 +84,10 @@ class ParkingLot:
         self._nursery: trio.Nursery | None = None
         self._by_fd: dict[int, Session] = {}  # both descriptors of each parked session
         self._parked = 0
-        # (last activity when parked, tie-break, session); stale once the session woke.
-        self._deadlines: list[tuple[float, int, Session]] = []
+        # (last activity when parked, the park's number, the session's first descriptor);
+        # stale once the session woke: the descriptor then names no session parked under
+        # that number.
+        self._deadlines: list[tuple[float, int, int]] = []
         self._order = itertools.count()
         self._noted: set[Session] = set()  # said idle since the last sweep
         self._next_sweep = math.inf
@@ -195,13 +199,14 @@ class ParkingLot:
             return
         heap = self._deadlines
         while heap and heap[0][0] + timeout <= now:
-            last, _, session = heapq.heappop(heap)
-            if not session.parked:
+            last, order, fd = heapq.heappop(heap)
+            session = self._by_fd.get(fd)
+            if session is None or session.park_order != order:
                 continue  # it woke since: the entry is stale
             if session.last_activity == last:
                 self.wake(session)  # it finds its idle timeout passed, and closes
             else:  # the express lane relayed for it meanwhile: its deadline moved on
-                heapq.heappush(heap, (session.last_activity, next(self._order), session))
+                heapq.heappush(heap, (session.last_activity, order, fd))
 
     def _sooner(self) -> None:
         """Something earlier to do: the timer recomputes when to wake."""
@@ -248,8 +253,9 @@ class ParkingLot:
             self._forget(session)
             return False
         session.parked = True
+        session.park_order = order = next(self._order)
         self._parked += 1
-        heapq.heappush(self._deadlines, (session.last_activity, next(self._order), session))
+        heapq.heappush(self._deadlines, (session.last_activity, order, session.parking_fds()[0]))
         self._drop_stale()
         self._sooner()
         return True
@@ -300,9 +306,9 @@ class ParkingLot:
         return [s for fd, s in self._by_fd.items() if fd == s.parking_fds()[0]]
 
     def _drop_stale(self) -> None:
-        """Rebuild the heap when entries of sessions that woke outnumber the parked ones
-        (they hold those sessions, ended ones too): amortised, a constant per park."""
+        """Rebuild the heap when entries of sessions that woke outnumber the parked ones:
+        amortised, a constant per park."""
         if len(self._deadlines) > 2 * self._parked + 64:
-            self._deadlines = [(s.last_activity, next(self._order), s)
+            self._deadlines = [(s.last_activity, s.park_order, s.parking_fds()[0])
                                for s in self._sessions()]
             heapq.heapify(self._deadlines)
