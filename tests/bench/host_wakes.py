@@ -7,11 +7,14 @@ hypervisor), a wake-up costs more the longer the pause and the more code and dat
 touches, and a relay in an interpreter touches far more than haproxy's loop in C. The
 probe: a process that does nothing but sleep and wake, as plain Python (``time.sleep``)
 and as trio (``trio.sleep``, kproxy's loop), at a short pause and a long one; its CPU
-time over a window, per wake-up.
+time over a window, per wake-up. And the mechanism itself (``page_touch``): what reading
+one byte of each page of a buffer costs, again at once and again after a pause.
 """
 
 from __future__ import annotations
 
+import mmap
+import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +49,49 @@ def measure(window_s: float = 5.0, least_wakes: int = 8) -> dict[str, dict[str, 
             wakes = (t1 - t0) / pause
             out.setdefault(runner, {})[str(pause)] = (cpu1 - cpu0) / wakes * 1e6
     return out
+
+
+TOUCH_PAGES = 4096  # 16 MB of 4 KB pages, about a third of an idle kproxy's RSS
+TOUCH_PAUSES_S = (0.0, 1.0)
+
+
+def page_touch(repeats: int = 3) -> dict[str, float]:
+    """Per pause (seconds, as text): CPU nanoseconds per page to read one byte of each
+    of ``TOUCH_PAGES`` pages that were all touched just before the pause; the median
+    of ``repeats``."""
+    page = mmap.PAGESIZE
+    buf = mmap.mmap(-1, TOUCH_PAGES * page)
+    try:
+        for at in range(0, len(buf), page):
+            buf[at] = 1
+
+        def touch() -> float:
+            t0, total = time.thread_time(), 0
+            for at in range(0, len(buf), page):
+                total += buf[at]
+            return (time.thread_time() - t0) / TOUCH_PAGES * 1e9
+
+        out: dict[str, float] = {}
+        for pause in TOUCH_PAUSES_S:
+            runs = []
+            for _ in range(repeats):
+                touch()
+                time.sleep(pause)
+                runs.append(touch())
+            out[str(pause)] = statistics.median(runs)
+        return out
+    finally:
+        buf.close()
+
+
+def describe_pages(pages: dict[str, float] | None) -> str:
+    """One sentence of ``page_touch``'s figures, or "" when there are none."""
+    if not pages:
+        return ""
+    each = ", ".join(f"{ns:,.0f} ns {'at once' if not float(p) else 'after ' + _pause(float(p))}"
+                     for p, ns in pages.items())
+    return ("What reading a page costs again (one byte of each of "
+            f"{TOUCH_PAGES:,} pages touched just before; CPU per page): {each}.")
 
 
 def describe(wakes: dict[str, dict[str, float]] | None) -> str:

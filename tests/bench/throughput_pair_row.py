@@ -84,8 +84,10 @@ def measure(work: Path, reps: int, count: float) -> dict[str, Any]:
     counts = {"produce_1k": int(count) // 4, "produce_100b": int(count),
               "consume": int(count) // 4}
     # A smoke run (a small count) measures every figure, in short windows.
-    wakes = host_wakes.measure() if count >= 100_000 else host_wakes.measure(1.0, 2)
-    out: dict[str, Any] = {"counts": counts, "rounds": [], "wakes": wakes}
+    full = count >= 100_000
+    wakes = host_wakes.measure() if full else host_wakes.measure(1.0, 2)
+    pages = host_wakes.page_touch(3 if full else 1)
+    out: dict[str, Any] = {"counts": counts, "rounds": [], "wakes": wakes, "pages": pages}
     with section_run(out) as stops:
         paths, brokers = relays_alone(work, "tput", PATHS, stops)
         broker_of = {p.name: b for p, b in zip(paths, brokers, strict=True)}
@@ -183,6 +185,8 @@ def section(data: dict[str, Any]) -> list[str]:
     lines += _per_consumer(data)
     if wakes := host_wakes.describe(data.get("wakes")):
         lines += ["", wakes]
+    if pages := host_wakes.describe_pages(data.get("pages")):
+        lines += ["", pages]
     subscribed = [f"{label} {round_summary(r)}" for kind, (label, _, _) in WORKLOADS.items()
                   if (r := ratios(data, kind, "kproxy", UNSUBSCRIBED))]
     if subscribed:

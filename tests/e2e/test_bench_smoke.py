@@ -145,6 +145,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert {p: set(w) for p, w in tput["wakes"].items()} == {
         "python": {"0.01", "1.0"}, "trio": {"0.01", "1.0"}}, tput["wakes"]
     assert all(us > 0 for w in tput["wakes"].values() for us in w.values()), tput["wakes"]
+    assert set(tput["pages"]) == {"0.0", "1.0"}, tput["pages"]
+    assert all(ns > 0 for ns in tput["pages"].values()), tput["pages"]
     workers = results["workers"]["results"]
     for n in ("1", "2"):
         for key in ("produce_1k", "consume"):

@@ -134,7 +134,8 @@ def test_throughput_pair_section_takes_an_empty_consumers_cpu_off_consume() -> N
     data = {"counts": {"produce_1k": 250_000, "produce_100b": 1_000_000, "consume": 250_000},
             "rounds": [{kind: relays(kind, c) for kind, c in cpu.items()}] * 3,
             "wakes": {"python": {"0.01": 310.0, "1.0": 2900.0},
-                      "trio": {"0.01": 3180.0, "1.0": 14800.0}}}
+                      "trio": {"0.01": 3180.0, "1.0": 14800.0}},
+            "pages": {"0.0": 37.0, "1.0": 8917.0}}
     text = "\n".join(throughput_pair_row.section(data))
     # 0.08 s and 0.08 s over 256,000,000 bytes: 0.31 s per GB each, a ratio of 1.00.
     assert ("A consumer of an empty topic, the relay's CPU over it, median: kproxy 40 ms, "
@@ -143,6 +144,8 @@ def test_throughput_pair_section_takes_an_empty_consumers_cpu_off_consume() -> N
             "(quartiles 1.00 to 1.00; 1.00 to 1.00).") in text
     assert ("its CPU per wake-up; `tests/bench/host_wakes.py`): python 310 us at 10 ms, "
             "2,900 us at 1 s; trio 3,180 us at 10 ms, 14,800 us at 1 s.") in text
+    assert ("What reading a page costs again (one byte of each of 4,096 pages touched "
+            "just before; CPU per page): 37 ns at once, 8,917 ns after 1 s.") in text
     # The table keeps one row per workload it always had: none for the empty consumer.
     assert not [ln for ln in throughput_pair_row.section(data) if "empty" in ln
                 and ln.startswith("| ")]
