@@ -259,6 +259,15 @@ def audit_records(tmp: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def kernel_collapses() -> bool:
+    """Linux 6.1 or later with transparent huge pages: ``MADV_COLLAPSE`` is known
+    (``kproxy.commands.heap``)."""
+    release = os.uname().release.split(".")
+    major, minor = int(release[0]), int("".join(c for c in release[1] if c.isdigit()) or 0)
+    return ((major, minor) >= (6, 1)
+            and os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"))
+
+
 def worker_pids(supervisor: int) -> list[int]:
     """The child processes of ``supervisor`` (its workers), from /proc: the children of
     each of its threads (trio starts processes from a worker thread)."""

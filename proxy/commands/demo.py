@@ -8,7 +8,7 @@ import sys
 import trio
 
 from kproxy import logs
-from kproxy.commands.run import settle_heap
+from kproxy.commands.heap import settle_heap
 from kproxy.config import settings as config_mod
 from kproxy.embedded_broker import BrokerStartError, TansuBroker
 from kproxy.runtime.server import Proxy
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 """, flush=True)
     try:
         proxy = Proxy(cfg, reload_config=lambda: config_mod.load(args))
-        settle_heap()
+        settle_heap(cfg.huge_pages)
         trio.run(proxy.run)
     except OSError as exc:
         print(f"kproxy demo: error: {exc}", file=sys.stderr)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 
 import trio
 
 from kproxy import logs
+from kproxy.commands.heap import settle_heap
 from kproxy.config import settings as config_mod
 from kproxy.runtime import workers
 from kproxy.runtime.admission_control import AdmissionControl
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             args.control_fd, args.control_workers, proxy.metrics)
         # Each worker enforces its share of every quota (kproxy.policies.auth.quotas).
         proxy.services.quotas.share = max(1, args.control_workers)
-    settle_heap()
+    settle_heap(cfg.huge_pages)
     try:
         trio.run(proxy.run)
     except OSError as exc:  # typically a port already in use
@@ -66,14 +66,3 @@ def run_arguments() -> list[str]:
     """What was given after ``run`` on the command line, for the workers to get the same."""
     argv = sys.argv[1:]
     return argv[argv.index("run") + 1:] if "run" in argv else []
-
-
-def settle_heap() -> None:
-    """Move everything built at start-up out of the garbage collector's reach.
-
-    The modules, schemas and registries never die, yet a full collection walks all of
-    them (about 8 ms, a latency spike for every request in flight). Frozen, a full
-    collection only visits what the running proxy allocated since.
-    """
-    gc.collect()
-    gc.freeze()

@@ -224,6 +224,10 @@ OPTIONS: tuple[Option, ...] = (
            "relay the small frames of busy plain-TCP connections from one thread per "
            "worker, off the event loop's scheduling (less CPU per small request); off: "
            "every frame through the event loop", "on|off", restart=True),
+    Option("huge_pages", parse_bool, True,
+           "once started, rebuild each mostly used 2 MB stretch of the heap as one huge "
+           "page (Linux 6.1+, MADV_COLLAPSE; less CPU where page walks are dear); off: "
+           "ordinary pages", "on|off", restart=True),
     Option("connect_timeout", parse_seconds, 10.0, "upstream connect timeout", "SECONDS"),
     Option("upstream_dns_ttl", parse_non_negative_seconds, 30.0,
            "how long the addresses an upstream name (bootstrap server or broker host) "

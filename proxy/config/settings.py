@@ -94,6 +94,7 @@ class Config:
     max_fetch_version: int | None = None
     splice_from: int = 64 * 1024
     express_lane: bool = True
+    huge_pages: bool = True
     max_connections: int = 10_000
     max_connections_per_source: int = 1_000
     idle_timeout: float = 600.0
