@@ -253,6 +253,42 @@ def value_of(msg: Message) -> bytes:
     return value
 
 
+def produce_and_read_back(bootstrap: str, topic: str, values: list[bytes]) -> list[bytes]:
+    """confluent-kafka: create ``topic`` (one partition), produce ``values`` (up to 3 MB
+    each) and read the partition back to its end."""
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "message.max.bytes": 3_000_000, "compression.type": "none"})
+    for value in values:
+        producer.produce(topic, value)
+    assert producer.flush(60) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}",
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "fetch.max.bytes": 8_000_000,
+                         "max.partition.fetch.bytes": 3_000_000})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got: list[bytes] = []
+    try:
+        for _ in range(600):  # bounded: 600 polls of at most 0.1 s
+            msg = consumer.poll(0.1)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF and len(got) >= len(values):
+                    break
+                assert err.code() == KafkaError._PARTITION_EOF, err
+                continue
+            got.append(value_of(msg))
+    finally:
+        consumer.close()
+    return got
+
+
 def audit_records(tmp: Path) -> list[dict[str, Any]]:
     """The records of ``tmp``/audit.log so far (none before it exists)."""
     path = tmp / "audit.log"

@@ -47,13 +47,12 @@ from kproxy.session import streamed as streamed_module
 from kproxy.session.relay import RECV_BYTES
 from kproxy.session.streamed import SKELETON_BYTES
 
-from ..support import RawClient
+from ..support import RawClient, produce_and_read_back
 from .test_proxy_inprocess import start_proxy
 from .test_security import metric
 from .test_splice import (
     THRESHOLD,
     SplitEchoBroker,
-    _produce_and_consume,
     filler,
     local_request,
     until,
@@ -537,7 +536,7 @@ async def test_megabyte_messages_at_fetch_v16_through_a_real_broker(
     with TansuBroker(log_path=tmp_path / "tansu.log") as broker:
         proxy = await start_proxy(nursery, broker.bootstrap)
         got = await trio.to_thread.run_sync(
-            _produce_and_consume, f"127.0.0.1:{proxy.bootstrap_port}", "big16", values)
+            produce_and_read_back, f"127.0.0.1:{proxy.bootstrap_port}", "big16", values)
         assert got == values
         assert streamed, "no Fetch response was streamed"
         assert await metric(proxy, "kproxy_internal_errors_total") == 0

@@ -26,7 +26,7 @@ from kproxy.session.client_writer import ClientWriter
 from kproxy.session.session import Session
 from kproxy.session.transport import SocketTransport
 
-from ..support import value_of
+from ..support import produce_and_read_back
 from .test_proxy_inprocess import start_proxy
 
 LEFT_BEHIND = (Session, ClientWriter, SocketTransport)
@@ -43,38 +43,6 @@ def collector_off() -> Iterator[None]:
     finally:
         if was_on:
             gc.enable()
-
-
-def produce_and_consume(bootstrap: str, topic: str, values: list[bytes]) -> list[bytes]:
-    """confluent-kafka: produce ``values``, read them back to the partition's end."""
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for value in values:
-        producer.produce(topic, value)
-    assert producer.flush(60) == 0
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "release",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    got: list[bytes] = []
-    try:
-        for _ in range(600):  # bounded: 600 polls of at most 0.1 s
-            msg = consumer.poll(0.1)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                assert err.code() == KafkaError._PARTITION_EOF, err
-                if len(got) >= len(values):
-                    break
-                continue
-            got.append(value_of(msg))
-    finally:
-        consumer.close()
-    return got
 
 
 def cyclic_garbage() -> list[str]:
@@ -101,7 +69,7 @@ async def test_closed_sessions_are_freed_without_the_cyclic_collector(
     proxy = await start_proxy(nursery, shared_tansu.bootstrap)
     bootstrap = f"127.0.0.1:{proxy.bootstrap_port}"
     values = [b"release-%d" % i for i in range(20)]
-    got = await trio.to_thread.run_sync(produce_and_consume, bootstrap, "session-release",
+    got = await trio.to_thread.run_sync(produce_and_read_back, bootstrap, "session-release",
                                         values)
     assert got == values
     accepted = sum(sample.value for metric in proxy.metrics.registry.collect()

@@ -37,7 +37,7 @@ from kproxy.session.relay import PEEK_BYTES, RECV_BYTES
 from kproxy.session.transport import SocketTransport
 
 from ..fake_broker import FakeBroker
-from ..support import RawClient, value_of
+from ..support import RawClient, produce_and_read_back
 from .test_proxy_inprocess import start_proxy
 from .test_security import metric
 
@@ -434,41 +434,6 @@ async def test_after_a_spliced_frame_a_receive_asks_for_a_header_only(
     proxy.shutdown()
 
 
-def _produce_and_consume(bootstrap: str, topic: str, values: list[bytes]) -> list[bytes]:
-    """Produce ``values`` with confluent-kafka and read the partition back to its end."""
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                         "message.max.bytes": 3_000_000, "compression.type": "none"})
-    for value in values:
-        producer.produce(topic, value)
-    assert producer.flush(60) == 0
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "splice",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "fetch.max.bytes": 8_000_000,
-                         "max.partition.fetch.bytes": 3_000_000})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    got: list[bytes] = []
-    try:
-        for _ in range(600):  # bounded: 600 polls of at most 0.1 s
-            msg = consumer.poll(0.1)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF and len(got) >= len(values):
-                    break
-                assert err.code() == KafkaError._PARTITION_EOF, err
-                continue
-            got.append(value_of(msg))
-    finally:
-        consumer.close()
-    return got
-
-
 @pytest.mark.broker
 @pytest.mark.parametrize("splice_from", [THRESHOLD, 0], ids=["splice", "copy"])
 async def test_megabyte_messages_through_a_real_broker_arrive_intact(
@@ -483,7 +448,7 @@ async def test_megabyte_messages_through_a_real_broker_arrive_intact(
                                   max_fetch_version=15)
         before = splice.PIPES.frames
         got = await trio.to_thread.run_sync(
-            _produce_and_consume, f"127.0.0.1:{proxy.bootstrap_port}", "big", values)
+            produce_and_read_back, f"127.0.0.1:{proxy.bootstrap_port}", "big", values)
         spliced = splice.PIPES.frames - before
         print(f"{spliced} frames spliced")
         assert got == values
