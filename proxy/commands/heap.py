@@ -77,10 +77,9 @@ def collapse_heap() -> Collapse:
         if madvise(start, HUGE, MADV_COLLAPSE) == 0:
             done.collapsed += 1
             continue
-        code = ctypes.get_errno()
-        done.refused_errno = done.refused_errno or code
-        if code == errno.EINVAL and not done.collapsed:
-            break  # a kernel before 6.1 does not know the advice: no use asking again
+        # EINVAL: a kernel before 6.1, or a mapping that refuses huge pages (a thread's
+        # stack); the others are still asked (a few dozen calls at most, once).
+        done.refused_errno = done.refused_errno or ctypes.get_errno()
     return done
 
 
