@@ -325,9 +325,10 @@ def metric_value(text: str, sample: str) -> float:
     return 0.0
 
 
-def rss_kib(pid: int, field: str = "VmRSS") -> int:
-    """A process's resident memory (``VmRSS``) or its peak (``VmHWM``), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def rss_kib(pid: int, field: str = "VmRSS", table: str = "status") -> int:
+    """A process's resident memory (``VmRSS``) or its peak (``VmHWM``), in KiB; or
+    another KiB field of ``/proc/<pid>/<table>`` (``AnonHugePages``, ``smaps_rollup``)."""
+    for line in Path(f"/proc/{pid}/{table}").read_text().splitlines():
         if line.startswith(f"{field}:"):
             return int(line.split()[1])
     raise AssertionError(f"no {field} for pid {pid}")

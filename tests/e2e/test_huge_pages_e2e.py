@@ -9,16 +9,9 @@ import pytest
 
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import kernel_collapses, kproxy_process, wait_until
+from ..support import kernel_collapses, kproxy_process, rss_kib, wait_until
 
 SAID = "start-up heap on huge pages"
-
-
-def anon_huge_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no AnonHugePages for pid {pid}")
 
 
 def broker_count(bootstrap: str) -> int:
@@ -39,7 +32,8 @@ def test_each_worker_collapses_its_start_up_heap(shared_tansu: TansuBroker,
                        what="every worker's huge-page line")
             lines = [ln for ln in kp.log().splitlines() if SAID in ln]
             assert all("collapsed_mb=" in ln for ln in lines), lines
-            assert all(anon_huge_kb(pid) >= 2048 for pid in workers), workers
+            assert all(rss_kib(pid, "AnonHugePages", "smaps_rollup") >= 2048
+                       for pid in workers), workers
         else:  # an older kernel: each worker says it was refused, and runs as before
             wait_until(lambda: kp.log().count("left on ordinary pages") >= len(workers),
                        what="every worker's refusal line")

@@ -241,8 +241,9 @@ class ParkingLot:
         if epoll is None:
             return False
         armed = _LANE_ARMED if self._lane is not None else _ARMED
+        fds = session.parking_fds()
         try:
-            for fd in session.parking_fds():
+            for fd in fds:
                 self._by_fd[fd] = session
                 try:
                     epoll.modify(fd, armed)
@@ -255,7 +256,7 @@ class ParkingLot:
         session.parked = True
         session.park_order = order = next(self._order)
         self._parked += 1
-        heapq.heappush(self._deadlines, (session.last_activity, order, session.parking_fds()[0]))
+        heapq.heappush(self._deadlines, (session.last_activity, order, fds[0]))
         self._drop_stale()
         self._sooner()
         return True
