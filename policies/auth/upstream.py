@@ -5,6 +5,11 @@ proxy's own connections to the brokers (clients' upstreams and discovery) either
 need no authentication or log in with the proxy's credentials, PLAIN or SCRAM
 (through ``scramp``'s client, which also checks the broker's proof). ``UpstreamLogin``
 makes the frames to send and reads the broker's answers; the shell moves them.
+
+SCRAM's proof needs the salted password: PBKDF2 over as many iterations as the broker
+names (Kafka's 4096 to 16384: 1 to 10 ms of CPU). ``derives_key`` says which answer
+costs that, so the shell can compute it off its event loop; a broker naming more than
+``MAX_ITERATIONS`` is refused before any is computed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from kproxy.codecs.interpreter import encode_into
 from kproxy.codecs.messages import decode_response
 from kproxy.codecs.primitives import Writer
 from kproxy.codecs.registry import spec_for
+from kproxy.policies.auth.users import MAX_ITERATIONS
 
 HANDSHAKE_VERSION = 1
 AUTHENTICATE_VERSION = 1  # not flexible: any broker since Kafka 1.0 answers it
@@ -60,6 +66,12 @@ class UpstreamLogin:
         self._stage = 0
         self._scram: scramp.ScramClient | None = None
 
+    @property
+    def derives_key(self) -> bool:
+        """Whether the next answer (the broker's first SCRAM message) makes the proxy
+        derive its salted password: the one costly step of a login."""
+        return self._stage == 1 and self._scram is not None
+
     def start(self) -> bytes:
         return _frame(api_keys.SASL_HANDSHAKE, HANDSHAKE_VERSION, 1,
                       {"mechanism": self.credentials.mechanism})
@@ -96,6 +108,10 @@ class UpstreamLogin:
             if self._stage == 1:
                 self._stage = 2
                 scram.set_server_first(bytes(resp["auth_bytes"]).decode())
+                if int(scram.iterations) > MAX_ITERATIONS:
+                    raise UpstreamLoginFailed(
+                        f"the broker asks for {scram.iterations} SCRAM iterations; the "
+                        f"proxy derives a key with at most {MAX_ITERATIONS}")
                 return self._authenticate(3, scram.get_client_final().encode())
             scram.set_server_final(bytes(resp["auth_bytes"]).decode())
         except (scramp.ScramException, UnicodeDecodeError) as exc:
