@@ -67,9 +67,10 @@ class Answer:
 class AnswerLater:
     """Answer locally with what ``reply`` gives once awaited (work that must not stall
     the relay, e.g. decoding a telemetry push). The answer still leaves in request
-    order; this connection's later requests are forwarded meanwhile."""
+    order; this connection's later requests are forwarded meanwhile. A ``Refuse``
+    given instead is carried out as one (a login that failed once checked)."""
 
-    reply: Awaitable[bytes]
+    reply: Awaitable[bytes | Refuse]
 
 
 @dataclass(frozen=True, slots=True)

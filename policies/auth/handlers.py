@@ -9,11 +9,16 @@ with a lifetime ends at its first request after it, unless renewed.
 
 Every login, ok or failed, is handed to ``audit`` (mechanism, principal, source):
 never a password, a token or a SCRAM proof.
+
+A PLAIN password checked against stored SCRAM keys is checked by deriving its key
+(PBKDF2 over the stored iterations): with ``SaslSettings.derive`` that runs off the
+event loop and the login is answered later, in its place among the connection's
+answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kproxy.codecs import api_keys
@@ -21,9 +26,10 @@ from kproxy.codecs.error_codes import ErrorCode
 from kproxy.codecs.errors import CodecError
 from kproxy.codecs.messages import decode_request, encode_response_parts
 from kproxy.codecs.peek import RequestPeek
-from kproxy.policies.auth.sasl import Exchange, Step
+from kproxy.policies.auth.sasl import Exchange, PendingCheck, Step
 from kproxy.policies.connection import (
     Answer,
+    AnswerLater,
     Close,
     ConnectionState,
     Handlers,
@@ -47,6 +53,8 @@ class SaslSettings:
     max_token_bytes: int = MAX_TOKEN_BYTES
     session_lifetime_ms: int = 0  # PLAIN/SCRAM sessions; 0: no re-authentication asked
     clock: Callable[[], float] = field(default=lambda: 0.0)  # monotonic seconds
+    # Runs a key derivation off the event loop (the shell's); None: in place.
+    derive: Callable[[Callable[[], bool]], Awaitable[bool]] | None = None
 
 
 def _source(conn: ConnectionState) -> str:
@@ -115,6 +123,25 @@ class SaslAuthenticate:
         except Exception as exc:  # a mechanism's library choking on hostile bytes: fail closed
             step = Step(error="Authentication failed: malformed message",
                         detail=f"malformed ({type(exc).__name__})")
+        if step.pending is not None:
+            if settings.derive is not None:
+                return AnswerLater(self._settled(conn, peek, settings, exchange, step.pending,
+                                                 settings.derive))
+            step = step.pending.settle(step.pending.check())
+        return self._conclude(conn, peek, settings, exchange, step)
+
+    async def _settled(self, conn: ConnectionState, peek: RequestPeek, settings: SaslSettings,
+                       exchange: Exchange, pending: PendingCheck,
+                       derive: Callable[[Callable[[], bool]], Awaitable[bool]],
+                       ) -> bytes | Refuse:
+        """The answer once the pending check has run where ``derive`` runs it."""
+        decision = self._conclude(conn, peek, settings, exchange,
+                                  pending.settle(await derive(pending.check)))
+        return decision.body if isinstance(decision, Answer) else decision
+
+    def _conclude(self, conn: ConnectionState, peek: RequestPeek, settings: SaslSettings,
+                  exchange: Exchange, step: Step) -> Answer | Refuse:
+        """A settled step's answer: the next token, a login, or a refusal."""
         if step.error is not None:
             return self._fail(conn, peek, settings, exchange,
                               ErrorCode.SASL_AUTHENTICATION_FAILED, step.error,

@@ -28,15 +28,29 @@ FAILED = "Authentication failed: invalid credentials"
 
 
 @dataclass(frozen=True, slots=True)
+class PendingCheck:
+    """A password check that derives a key (PBKDF2): the caller runs ``check`` off its
+    event loop, then takes ``settle``'s step. Until then nobody is logged in."""
+
+    principal: str
+    check: Callable[[], bool]
+
+    def settle(self, holds: bool) -> Step:
+        return _password_step(self.principal, holds)
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """What one client token led to: the token to send back and, at the end, either a
-    principal (logged in) or a failure (``error``, safe to show the client)."""
+    principal (logged in) or a failure (``error``, safe to show the client); or, with
+    ``pending``, neither yet: a check still to run."""
 
     reply: bytes = b""
     principal: str | None = None
     error: str | None = None
     lifetime_ms: int = 0  # KIP-368: the session's lifetime, 0 for none (OAUTHBEARER sets it)
     detail: str | None = None  # why it failed, for the audit log (never a secret)
+    pending: PendingCheck | None = None
 
     @property
     def done(self) -> bool:
@@ -74,10 +88,16 @@ class PlainExchange:
         if authzid and authzid != authcid:
             return Step(error="Authentication failed: authorization id must be the user name",
                         detail="authzid differs")
-        if (not name or len(authcid) > MAX_NAME_BYTES or len(passwd) > MAX_PASSWORD_BYTES
-                or not self.users.check_password(name, password)):
-            return Step(error=FAILED, detail="bad credentials")
-        return Step(principal=name)
+        holds = (bool(name) and len(authcid) <= MAX_NAME_BYTES
+                 and len(passwd) <= MAX_PASSWORD_BYTES
+                 and self.users.check_password(name, password))
+        if callable(holds):
+            return Step(pending=PendingCheck(name, holds))
+        return _password_step(name, holds)
+
+
+def _password_step(name: str, holds: bool) -> Step:
+    return Step(principal=name) if holds else Step(error=FAILED, detail="bad credentials")
 
 
 class ScramExchange:

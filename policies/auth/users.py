@@ -14,7 +14,9 @@ import base64
 import binascii
 import hmac
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import scramp
@@ -58,17 +60,18 @@ class UserStore:
     def __len__(self) -> int:
         return len(self.users)
 
-    def check_password(self, name: str, password: str) -> bool:
-        """PLAIN: the password against the stored one or the stored SCRAM key."""
+    def check_password(self, name: str, password: str) -> bool | Callable[[], bool]:
+        """PLAIN: the password against the stored one (the answer), or against the
+        stored SCRAM key: then the check to run, which derives the key from the
+        password (PBKDF2 over the stored iterations: for the caller to run off its
+        event loop)."""
         user = self.users.get(name)
         if user is None:
             return False
         if user.password is not None:
             return hmac.compare_digest(user.password.encode(), password.encode())
         for mechanism, cred in user.scram.items():
-            derived = scramp.ScramMechanism(mechanism).make_auth_info(
-                password, iteration_count=cred.iterations, salt=cred.salt)
-            return hmac.compare_digest(derived[1], cred.stored_key)
+            return partial(_derives_stored_key, mechanism, cred, password)
         return False
 
     def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
@@ -82,6 +85,12 @@ class UserStore:
                 user.password, iteration_count=MIN_ITERATIONS)
             cred = user.scram[mechanism] = ScramCredential(salt, stored, server, i)
         return cred
+
+
+def _derives_stored_key(mechanism: str, cred: ScramCredential, password: str) -> bool:
+    derived = scramp.ScramMechanism(mechanism).make_auth_info(
+        password, iteration_count=cred.iterations, salt=cred.salt)
+    return hmac.compare_digest(derived[1], cred.stored_key)
 
 
 def parse_users(text: str | bytes, where: str = "users_file") -> UserStore:

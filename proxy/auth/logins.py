@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from kproxy.auth.derivations import derive
 from kproxy.auth.jwks import JwksCache
 from kproxy.config.settings import Config
 from kproxy.policies.auth.handlers import SaslSettings
@@ -34,4 +35,4 @@ def sasl_settings(config: Config, jwks: JwksCache | None) -> SaslSettings:
         config.sasl_mechanisms, make,
         config.sasl_failed_login_delay,
         session_lifetime_ms=int(config.sasl_session_lifetime * 1000),
-        clock=time.monotonic)
+        clock=time.monotonic, derive=derive)

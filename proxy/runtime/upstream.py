@@ -1,9 +1,8 @@
 """Opening the one upstream connection a client connection maps to (and discovery's):
 TCP, TLS when on, and the proxy's own SASL login when ``[sasl.upstream]`` sets one.
 
-**The proxy's SCRAM login** derives its salted password (PBKDF2: 1 to 10 ms of CPU for
-Kafka's iteration counts) in a thread, one at a time per worker. On the event loop it
-held every other connection's relay that long at each new upstream connection.
+**The proxy's SCRAM login** derives its salted password off the event loop
+(``kproxy.auth.derivations``).
 
 **Upstream names** (``AddressCache``): resolved now and then, not at every client
 connection. Every client connection opens an upstream connection of its own. When
@@ -35,10 +34,12 @@ import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
 
+from kproxy.auth.derivations import derive
 from kproxy.config.settings import HostPort
 from kproxy.policies.auth.upstream import UpstreamCredentials, UpstreamLogin, UpstreamLoginFailed
 from kproxy.policies.connection import ConnectionState
@@ -248,9 +249,7 @@ async def _logged_in(stream: trio.abc.Stream, login: UpstreamCredentials | None,
                 await stream.send_all(out)
                 answer = await _read_frame(stream)
                 if exchange.derives_key:
-                    # PBKDF2 lets go of the interpreter lock: the loop relays meanwhile.
-                    out = await trio.to_thread.run_sync(exchange.receive, answer,
-                                                        limiter=_derivations())
+                    out = await derive(partial(exchange.receive, answer))
                 else:
                     out = exchange.receive(answer)
     except BaseException as exc:
@@ -261,20 +260,6 @@ async def _logged_in(stream: trio.abc.Stream, login: UpstreamCredentials | None,
             raise OSError("the broker closed the connection during the SASL login") from None
         raise
     return stream
-
-
-# One key derivation at a time per worker (one worker per core): a burst of new
-# upstream connections queues for its logins instead of crowding the relay off its core.
-_DERIVATIONS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("derivations")
-
-
-def _derivations() -> trio.CapacityLimiter:
-    try:
-        return _DERIVATIONS.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(1)
-        _DERIVATIONS.set(limiter)
-        return limiter
 
 
 async def _read_frame(stream: trio.abc.Stream) -> bytes:

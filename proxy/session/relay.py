@@ -130,17 +130,28 @@ def take_decided(session: Session, peek: RequestPeek,
                                             peek.api_version, now)
         session.start(_answer_later, session, slot, decision)
         return True
-    events, conn = session.services.events, session.conn
     if isinstance(decision, Refuse):
         # Answered after the delay, then closed.
-        events.refused(Close(decision.event, decision.event, decision.message), conn)
         slot = session.ordered.answer_later(peek.correlation_id, peek.api_key,
                                             peek.api_version, now)
         session.start(_refuse, session, slot, decision)
-        session.stop_reading()
+        _refusing(session, decision)
         return False
-    events.refused(decision, conn)
+    session.services.events.refused(decision, session.conn)
     raise SessionClosed(decision.reason)
+
+
+def _refusing(session: Session, decision: Refuse) -> None:
+    """A refusal is reported, and the connection takes no request after it."""
+    session.services.events.refused(Close(decision.event, decision.event, decision.message),
+                                    session.conn)
+    session.stop_reading()
+
+
+async def _refusal(session: Session, decision: Refuse) -> bytes:
+    """A refusal's answer, once its delay has passed."""
+    await trio.sleep(min(decision.delay_s, session.config.drain_timeout / 2))
+    return decision.body
 
 
 async def _muted(session: Session, out: list[Frame | bytes],
@@ -217,6 +228,9 @@ async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> 
             session.services.events.decode_error("request", api_keys.api_name(slot.api_key),
                                                  exc, session.conn)
             raise SessionClosed(str(exc)) from None
+        if isinstance(body, Refuse):  # as ``take_decided`` carries out one made at once
+            _refusing(session, body)
+            body = await _refusal(session, body)
         slot.wire = framing.frame(body)
         await session.writer.flush()
         if not len(session.ordered):  # its wait for the client may have no deadline
@@ -226,8 +240,7 @@ async def _answer_later(session: Session, slot: Slot, decision: AnswerLater) -> 
 async def _refuse(session: Session, slot: Slot, decision: Refuse) -> None:
     """A refusal (a failed login): wait the delay, answer, and let the drain close."""
     with TaskGuard(session, ends_session=False):
-        await trio.sleep(min(decision.delay_s, session.config.drain_timeout / 2))
-        slot.wire = framing.frame(decision.body)
+        slot.wire = framing.frame(await _refusal(session, decision))
         await session.writer.flush()
 
 

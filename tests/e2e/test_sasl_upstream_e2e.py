@@ -6,8 +6,6 @@ unready and says why in its log."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import subprocess
@@ -17,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import scramp
-import trio
 
 from kproxy.embedded_broker import TansuBroker
 
@@ -29,7 +25,6 @@ from ..support import (
     kproxy_process,
     stop_process,
 )
-from .test_proxy_inprocess import start_proxy
 
 pytestmark = pytest.mark.broker
 
@@ -106,69 +101,3 @@ def test_a_wrong_upstream_password_is_reported(sasl_broker: tuple[KproxyProcess,
         stop_process(proc)
     assert "wrong" not in log.read_text().replace("wrong-", "")  # the password is not logged
 
-
-class LongestStep(trio.abc.Instrument):
-    """The longest a task step held the event loop (wall time)."""
-
-    def __init__(self) -> None:
-        self.longest = 0.0
-        self._began: float | None = None  # None: the step it was added in
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self._began = time.perf_counter()
-
-    def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self._began is not None:
-            self.longest = max(self.longest, time.perf_counter() - self._began)
-
-
-async def test_the_upstream_scram_login_leaves_the_loop_free(
-        shared_tansu: TansuBroker, nursery: trio.Nursery, tmp_path: Path) -> None:
-    """The proxy's SCRAM proof needs PBKDF2 over the broker's iteration count. A broker
-    holding the proxy's credential at 500,000 iterations makes each derivation long
-    enough to see: while discovery logs in again and again, no step of the loop
-    comes near one derivation's time."""
-    iterations = 500_000
-    salt, stored, server, _ = scramp.ScramMechanism("SCRAM-SHA-512").make_auth_info(
-        "proxy-secret", iteration_count=iterations)
-    began = time.perf_counter()
-    hashlib.pbkdf2_hmac("sha512", b"proxy-secret", salt, iterations)
-    derivation = time.perf_counter() - began
-    b64 = {k: base64.b64encode(v).decode() for k, v in
-           {"salt": salt, "stored_key": stored, "server_key": server}.items()}
-    (tmp_path / "users.toml").write_text(
-        "[users.the-proxy.scram_sha_512]\n" + f'iterations = {iterations}\n'
-        + "".join(f'{k} = "{v}"\n' for k, v in b64.items()))
-    audit = tmp_path / "audit.log"
-    (tmp_path / "broker.toml").write_text(f"""
-audit_log = "{audit}"
-[sasl]
-terminate = true
-users_file = "{tmp_path / 'users.toml'}"
-""")
-
-    def logins() -> int:
-        lines = audit.read_text().splitlines() if audit.exists() else []
-        return sum(1 for line in lines if json.loads(line).get("outcome") == "ok")
-
-    with kproxy_process(shared_tansu.bootstrap, tmp_path, "--config",
-                        str(tmp_path / "broker.toml"), "--workers", "1") as broker:
-        front = tmp_path / "front"
-        front.mkdir()
-        proxy = await start_proxy(nursery, broker.bootstrap, config_file=_front(front),
-                                  sasl_upstream_password="proxy-secret",
-                                  discovery_interval="0.1")
-        assert proxy.backend.last_discovery is not None  # logged in once at start-up
-        steps = LongestStep()
-        trio.lowlevel.add_instrument(steps)
-        try:
-            first = logins()
-            deadline = trio.current_time() + 60
-            while logins() < first + 3:
-                assert trio.current_time() < deadline, "discovery did not log in again"
-                await trio.sleep(0.02)
-        finally:
-            trio.lowlevel.remove_instrument(steps)
-    print(f"\nPBKDF2 of {iterations:,} iterations: {derivation * 1e3:.0f} ms; longest "
-          f"loop step over 3 upstream logins: {steps.longest * 1e3:.1f} ms")
-    assert steps.longest < derivation / 2

@@ -19,7 +19,7 @@ from kproxy.policies.addressing import PortMap
 from kproxy.policies.auth.handlers import SaslSettings, make_gate, sasl_handlers
 from kproxy.policies.auth.sasl import PlainExchange, ScramExchange, exchange_factory
 from kproxy.policies.auth.users import UsersError, parse_users
-from kproxy.policies.connection import Answer, Close, ConnectionState, Refuse
+from kproxy.policies.connection import Answer, AnswerLater, Close, ConnectionState, Refuse
 from kproxy.policies.proxy_state import ProxyState
 
 from ..support import encode_request
@@ -74,7 +74,12 @@ def test_plain() -> None:
     assert PlainExchange(store).step(b"alice\0alice\0alice-secret").principal == "alice"
     assert PlainExchange(store).step(b"\0alice\0wrong").error
     assert PlainExchange(store).step(b"bob\0alice\0alice-secret").error  # authzid differs
-    assert PlainExchange(store).step(b"\0bob\0bob-secret").principal == "bob"  # stored key
+    # stored SCRAM keys: the password's key is derived, a check left to run (off the
+    # loop); until it has run, nobody is logged in
+    for password, principal in ((b"bob-secret", "bob"), (b"nope", None)):
+        step = PlainExchange(store).step(b"\0bob\0" + password)
+        assert step.pending is not None and step.principal is None and step.error is None
+        assert step.pending.settle(step.pending.check()).principal == principal
     assert PlainExchange(store).step(b"garbage").error
     assert PlainExchange(store).step(b"\0\xff\0x").error
 
@@ -154,6 +159,51 @@ def test_failed_login_is_refused_after_the_delay_and_audited_without_the_passwor
     assert not conn.authenticated
     assert audit[0]["outcome"] == "failed" and audit[0]["principal"] == "alice"
     assert "guess" not in repr(audit)
+
+
+def _settle_now(later: AnswerLater) -> bytes | Refuse:
+    """Await ``later.reply`` where nothing it awaits suspends (``derive`` below)."""
+    coro = later.reply.__await__()
+    with pytest.raises(StopIteration) as done:
+        coro.send(None)
+    result: bytes | Refuse = done.value.value
+    return result
+
+
+derived: list[object] = []  # the checks ``_derive_here`` ran
+
+
+async def _derive_here(check: Any) -> bool:
+    derived.append(check)
+    return bool(check())
+
+
+def test_a_plain_password_against_stored_keys_is_answered_once_derived() -> None:
+    audit: list[dict[str, Any]] = []
+    derived.clear()
+    conn = _conn(_settings(derive=_derive_here), audit)
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    # a password user's check needs no derivation: answered at once
+    assert isinstance(_ask(conn, api_keys.SASL_AUTHENTICATE, 2,
+                           {"auth_bytes": b"\0alice\0alice-secret"}), Answer)
+    assert not derived
+    conn = _conn(_settings(derive=_derive_here), audit)
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    later = _ask(conn, api_keys.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0bob\0bob-secret"})
+    assert isinstance(later, AnswerLater) and not conn.authenticated
+    ok = _settle_now(later)
+    assert isinstance(ok, bytes) and len(derived) == 1
+    assert decode_response(ok, api_keys.SASL_AUTHENTICATE, 2).body["error_code"] == 0
+    assert conn.authenticated and conn.principal == "bob" and audit[-1]["outcome"] == "ok"
+    conn = _conn(_settings(derive=_derive_here), audit)
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    later = _ask(conn, api_keys.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0bob\0guess"})
+    assert isinstance(later, AnswerLater)
+    bad = _settle_now(later)
+    assert isinstance(bad, Refuse) and bad.delay_s == 0.5 and not conn.authenticated
+    assert decode_response(bad.body, api_keys.SASL_AUTHENTICATE, 2).body[
+        "error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert audit[-1]["outcome"] == "failed" and "guess" not in repr(audit)
 
 
 def test_unoffered_mechanism_v0_handshake_oversized_token_and_no_handshake() -> None:
