@@ -24,7 +24,7 @@ from kproxy.policies.proxy_state import ProxyState
 from kproxy.policies.rebootstrap import Action
 from kproxy.policies.rewrite import Seen
 from kproxy.policies.topology import Change
-from kproxy.runtime.discovery import discover
+from kproxy.runtime.discovery import Discovery
 from kproxy.runtime.upstream import BootstrapRotation, UpstreamUnavailable
 
 log = logging.getLogger("kproxy")
@@ -46,6 +46,7 @@ class BackendWatch:
         self.metrics = metrics
         self.ratelog = ratelog
         self.rotation = rotation
+        self.discovery = Discovery(rotation)
         self.node_id_range = node_id_range
         self.sessions_of: Callable[[], list[tuple[ConnectionState, Callable[[], None]]]] = (
             lambda: [])
@@ -130,7 +131,7 @@ class BackendWatch:
         """
         servers = list(self.rotation.servers)
         try:
-            seen = await discover(self.rotation, connect_timeout, max_frame_bytes)
+            seen = await self.discovery.discover(connect_timeout, max_frame_bytes)
         except (UpstreamUnavailable, OSError, trio.TooSlowError, trio.BrokenResourceError,
                 trio.ClosedResourceError, CodecError, ConnectionError) as exc:
             self.ratelog(logging.WARNING, "discovery", "backend discovery failed",

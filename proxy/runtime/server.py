@@ -404,9 +404,12 @@ class Proxy:
                                                 self.config.max_frame_bytes)
 
     async def _discovery_loop(self) -> None:
-        while True:
-            await trio.sleep(self.config.discovery_interval)
-            await self.discover_once()
+        try:
+            while True:
+                await trio.sleep(self.config.discovery_interval)
+                await self.discover_once()
+        finally:
+            await self.backend.discovery.aclose()
 
     def audit_record(self, fields: dict[str, object]) -> None:
         """A security event: counted, and appended to the audit log when there is one."""

@@ -1,7 +1,7 @@
 """Password-key derivations (PBKDF2) never hold the event loop.
 
 Two logins derive a SCRAM key from a password: the proxy's own SCRAM login at a broker
-(``[sasl.upstream]``: every upstream connection, discovery's included), and a client's
+(``[sasl.upstream]``: every upstream connection, discovery's among them), and a client's
 PLAIN login checked against stored SCRAM keys. Each costs 1 to 10 ms at Kafka's
 iteration counts, all of it on the loop before (every other connection waited). Here
 the credentials are stored at 500,000 iterations, so that one derivation is long
@@ -27,7 +27,6 @@ from kproxy.embedded_broker import TansuBroker
 
 from ..support import RawClient, kproxy_process
 from .test_proxy_inprocess import start_proxy
-from .test_sasl_upstream_e2e import _front
 
 pytestmark = pytest.mark.broker
 ITERATIONS = 500_000
@@ -63,10 +62,19 @@ def stored_keys(tmp: Path, user: str, password: str) -> float:
     return derivation
 
 
+async def plain_login(client: RawClient, plain: bytes) -> int:
+    """A PLAIN login on ``client`` (``authzid NUL name NUL password``): the answer's
+    error code."""
+    await client.request(api_keys.SASL_HANDSHAKE, 1, 1, {"mechanism": "PLAIN"})
+    answer = await client.request(api_keys.SASL_AUTHENTICATE, 2, 2, {"auth_bytes": plain})
+    code: int = answer.body["error_code"]
+    return code
+
+
 async def test_the_upstream_scram_login_leaves_the_loop_free(
         shared_tansu: TansuBroker, nursery: trio.Nursery, tmp_path: Path) -> None:
-    """The broker (a kproxy terminating SASL) holds the proxy's own credential; the
-    proxy under test logs in again at each discovery."""
+    """The broker (a kproxy terminating SASL) holds the proxy's own credential; three
+    clients connect at once, and each connection's upstream logs in as the proxy."""
     derivation = stored_keys(tmp_path, "the-proxy", "proxy-secret")
     audit = tmp_path / "audit.log"
     (tmp_path / "broker.toml").write_text(f"""
@@ -75,6 +83,18 @@ audit_log = "{audit}"
 terminate = true
 users_file = "{tmp_path / 'users.toml'}"
 """)
+    front = tmp_path / "front"
+    front.mkdir()
+    (front / "users.toml").write_text('[users.app]\npassword = "app-secret"\n')
+    (front / "front.toml").write_text(f"""
+[sasl]
+terminate = true
+mechanisms = ["PLAIN"]
+users_file = "{front / 'users.toml'}"
+[sasl.upstream]
+mechanism = "SCRAM-SHA-512"
+username = "the-proxy"
+""")
 
     def logins() -> int:
         lines = audit.read_text().splitlines() if audit.exists() else []
@@ -82,40 +102,36 @@ users_file = "{tmp_path / 'users.toml'}"
 
     with kproxy_process(shared_tansu.bootstrap, tmp_path, "--config",
                         str(tmp_path / "broker.toml"), "--workers", "1") as broker:
-        front = tmp_path / "front"
-        front.mkdir()
-        proxy = await start_proxy(nursery, broker.bootstrap, config_file=_front(front),
-                                  sasl_upstream_password="proxy-secret",
-                                  discovery_interval="0.1")
-        assert proxy.backend.last_discovery is not None  # logged in once at start-up
+        proxy = await start_proxy(nursery, broker.bootstrap,
+                                  config_file=front / "front.toml",
+                                  sasl_upstream_password="proxy-secret")
+        port = proxy.bootstrap_port
+        assert port is not None and logins() == 1  # discovery's, at start-up
         steps = LongestStep()
         trio.lowlevel.add_instrument(steps)
+        brokers: list[int] = []
+
+        async def client() -> None:
+            client = await RawClient.connect(port)
+            try:
+                assert await plain_login(client, b"\0app\0app-secret") == ErrorCode.NONE
+                # forwarded: the connection's upstream is opened, and logs in, now
+                metadata = await client.request(api_keys.METADATA, 4, 3, {
+                    "topics": [], "allow_auto_topic_creation": False})
+                brokers.append(len(metadata.body["brokers"]))
+            finally:
+                await client.aclose()
+
         try:
-            first = logins()
-            deadline = trio.current_time() + 60
-            while logins() < first + 3:
-                assert trio.current_time() < deadline, "discovery did not log in again"
-                await trio.sleep(0.02)
+            async with trio.open_nursery() as clients:
+                for _ in range(3):
+                    clients.start_soon(client)
         finally:
             trio.lowlevel.remove_instrument(steps)
+        assert brokers == [1, 1, 1] and logins() == 4  # each upstream logged in
     print(f"\nPBKDF2 of {ITERATIONS:,} iterations: {derivation * 1e3:.0f} ms; longest "
           f"loop step over 3 upstream logins: {steps.longest * 1e3:.1f} ms")
     assert steps.longest < derivation / 2
-
-
-async def plain_login(port: int, password: str) -> tuple[int, bool]:
-    """A PLAIN login on a new connection: the answer's error code, and whether the
-    proxy then closed the connection."""
-    client = await RawClient.connect(port)
-    try:
-        await client.request(api_keys.SASL_HANDSHAKE, 1, 1, {"mechanism": "PLAIN"})
-        answer = await client.request(api_keys.SASL_AUTHENTICATE, 2, 2,
-                                      {"auth_bytes": b"\0bob\0" + password.encode()})
-        code = answer.body["error_code"]
-        closed = await client.read_frame(timeout=10) is None if code else False
-        return code, closed
-    finally:
-        await client.aclose()
 
 
 async def test_a_plain_login_against_stored_keys_leaves_the_loop_free(
@@ -140,7 +156,13 @@ failed_login_delay = 0.1
     results: dict[str, tuple[int, bool]] = {}
 
     async def login(password: str) -> None:
-        results[password] = await plain_login(port, password)
+        client = await RawClient.connect(port)
+        try:
+            code = await plain_login(client, b"\0bob\0" + password.encode())
+            # a refusal is followed by the close
+            results[password] = code, bool(code) and await client.read_frame() is None
+        finally:
+            await client.aclose()
 
     try:
         async with trio.open_nursery() as logins:

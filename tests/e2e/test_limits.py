@@ -27,6 +27,7 @@ from ..support import (
     encode_request,
     kproxy_process,
     make_config,
+    wait_until,
 )
 from .test_security import API_VERSIONS_V3, closed_by_proxy, metric
 
@@ -165,9 +166,13 @@ async def test_max_inflight_stops_reading_instead_of_buffering(nursery: trio.Nur
 def test_stalled_connections_cost_no_broker_connection(tansu: TansuBroker,
                                                        tmp_path: Path) -> None:
     """The upstream is opened at the first complete request: connections that send a
-    byte and stall (a slowloris) hold no broker connection; a request opens one."""
+    byte and stall (a slowloris) hold no broker connection; a request opens one. The
+    only other connections are discovery's, one kept open by each worker."""
     with kproxy_process(tansu.bootstrap, tmp_path, "--discovery-interval", "3600",
                         "--first-request-timeout", "60") as kp:
+        workers = kp.worker_pids()
+        wait_until(lambda: direct_connections(workers, tansu.port) == len(workers), 60,
+                   "each worker's discovery connection")
         stalled = [socket.create_connection(("127.0.0.1", kp.bootstrap_port))
                    for _ in range(200)]
         try:
@@ -178,12 +183,12 @@ def test_stalled_connections_cost_no_broker_connection(tansu: TansuBroker,
                     kp.http_get("/metrics")[1]):
                 assert time.monotonic() < deadline, "the proxy did not take the connections"
                 time.sleep(0.1)
-            assert direct_connections(kp.worker_pids(), tansu.port) == 0
+            assert direct_connections(workers, tansu.port) == len(workers)
             with socket.create_connection(("127.0.0.1", kp.bootstrap_port)) as live:
                 live.sendall(encode_request(api_keys.API_VERSIONS, 3, 1, API_VERSIONS_V3))
                 live.settimeout(30)
                 assert len(live.recv(65536)) > 8  # answered through the broker
-                assert direct_connections(kp.worker_pids(), tansu.port) == 1
+                assert direct_connections(workers, tansu.port) == len(workers) + 1
         finally:
             for s in stalled:
                 s.close()

@@ -19,8 +19,8 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies.addressing import BrokerAddress, PortMap
 from kproxy.policies.proxy_state import ProxyState
 from kproxy.policies.rewrite import Seen
-from kproxy.runtime import backend_watch
 from kproxy.runtime.backend_watch import BackendWatch
+from kproxy.runtime.discovery import Discovery
 from kproxy.runtime.upstream import BootstrapRotation, UpstreamUnavailable
 
 OLD, NEW = ("10.0.0.1", 9092), ("10.0.0.2", 9092)
@@ -39,9 +39,9 @@ def cluster(cluster_id: str, host: str) -> Seen:
 def fake_discovery(monkeypatch: pytest.MonkeyPatch,
                    answer: Callable[[BootstrapRotation], Seen]) -> None:
     """A fake of the Metadata round trip: ``answer`` may act as if a reload happened."""
-    async def discover(rotation: BootstrapRotation, *_: Any) -> Seen:
-        return answer(rotation)
-    monkeypatch.setattr(backend_watch, "discover", discover)
+    async def discover(discovery: Discovery, *_: Any) -> Seen:
+        return answer(discovery.rotation)
+    monkeypatch.setattr(Discovery, "discover", discover)
 
 
 async def test_an_answer_from_a_replaced_upstream_list_is_dropped(
@@ -98,13 +98,13 @@ async def test_a_reload_whose_change_the_periodic_discovery_learned_first_is_sti
     await w.discover_once(1, 1 << 20)
     w.rotation.servers = w.state.upstream_servers = [NEW]
 
-    async def overtaken(rotation: BootstrapRotation, *_: Any) -> Seen:
+    async def overtaken(discovery: Discovery, *_: Any) -> Seen:
         # The periodic discovery through the new list answers while this one is in flight.
         fake_discovery(monkeypatch, lambda _: cluster("green", "10.0.0.2"))
         assert await w.discover_once(1, 1 << 20)
-        monkeypatch.setattr(backend_watch, "discover", overtaken)
+        monkeypatch.setattr(Discovery, "discover", overtaken)
         return cluster("green", "10.0.0.2")
-    monkeypatch.setattr(backend_watch, "discover", overtaken)
+    monkeypatch.setattr(Discovery, "discover", overtaken)
     assert await w.reconfigured(1, 1 << 20) is None
     assert w.state.epoch == 1 and w.state.view.cluster_id == "green"
     assert set(w.metrics.topology_changes._metrics) == {("cluster_id",)}  # nothing forced
