@@ -27,6 +27,7 @@ from kproxy.embedded_broker import TansuBroker
 
 from ..support import RawClient, kproxy_process
 from .test_proxy_inprocess import start_proxy
+from .test_sasl_upstream_e2e import front_config
 
 pytestmark = pytest.mark.broker
 ITERATIONS = 500_000
@@ -85,16 +86,6 @@ users_file = "{tmp_path / 'users.toml'}"
 """)
     front = tmp_path / "front"
     front.mkdir()
-    (front / "users.toml").write_text('[users.app]\npassword = "app-secret"\n')
-    (front / "front.toml").write_text(f"""
-[sasl]
-terminate = true
-mechanisms = ["PLAIN"]
-users_file = "{front / 'users.toml'}"
-[sasl.upstream]
-mechanism = "SCRAM-SHA-512"
-username = "the-proxy"
-""")
 
     def logins() -> int:
         lines = audit.read_text().splitlines() if audit.exists() else []
@@ -103,7 +94,7 @@ username = "the-proxy"
     with kproxy_process(shared_tansu.bootstrap, tmp_path, "--config",
                         str(tmp_path / "broker.toml"), "--workers", "1") as broker:
         proxy = await start_proxy(nursery, broker.bootstrap,
-                                  config_file=front / "front.toml",
+                                  config_file=front_config(front, "PLAIN"),
                                   sasl_upstream_password="proxy-secret")
         port = proxy.bootstrap_port
         assert port is not None and logins() == 1  # discovery's, at start-up

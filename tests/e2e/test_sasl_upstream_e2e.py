@@ -47,12 +47,14 @@ failed_login_delay = 0.1
         yield kp, tmp
 
 
-def _front(tmp: Path) -> Path:
+def front_config(tmp: Path, client_mechanism: str = "SCRAM-SHA-256") -> Path:
+    """The proxy under test: its clients log in as app (``client_mechanism``), and it
+    logs in upstream as the-proxy with SCRAM-SHA-512."""
     (tmp / "users.toml").write_text('[users.app]\npassword = "app-secret"\n')
     (tmp / "front.toml").write_text(f"""
 [sasl]
 terminate = true
-mechanisms = ["SCRAM-SHA-256"]
+mechanisms = ["{client_mechanism}"]
 users_file = "{tmp / 'users.toml'}"
 [sasl.upstream]
 mechanism = "SCRAM-SHA-512"
@@ -65,7 +67,7 @@ def test_the_proxy_logs_in_upstream_as_itself(sasl_broker: tuple[KproxyProcess, 
                                               tmp_path: Path) -> None:
     from confluent_kafka.admin import AdminClient
     broker, broker_tmp = sasl_broker
-    config = _front(tmp_path)
+    config = front_config(tmp_path)
     with kproxy_process(broker.bootstrap, tmp_path, "--config", str(config),
                         env={"KPROXY_SASL_UPSTREAM_PASSWORD": "proxy-secret"}) as kp:
         admin = AdminClient({"bootstrap.servers": kp.bootstrap, "security.protocol":
@@ -81,7 +83,7 @@ def test_the_proxy_logs_in_upstream_as_itself(sasl_broker: tuple[KproxyProcess, 
 def test_a_wrong_upstream_password_is_reported(sasl_broker: tuple[KproxyProcess, Path],
                                                tmp_path: Path) -> None:
     broker, _ = sasl_broker
-    config = _front(tmp_path)
+    config = front_config(tmp_path)
     log = tmp_path / "front.log"
     # Not kproxy_process: that waits for a readiness this proxy must never reach.
     with open(log, "wb") as out:
