@@ -135,8 +135,12 @@ class SaslAuthenticate:
                        derive: Callable[[Callable[[], bool]], Awaitable[bool]],
                        ) -> bytes | Refuse:
         """The answer once the pending check has run where ``derive`` runs it."""
-        decision = self._conclude(conn, peek, settings, exchange,
-                                  pending.settle(await derive(pending.check)))
+        try:
+            step = pending.settle(await derive(pending.check))
+        except Exception as exc:  # the check itself failed: nobody is logged in
+            step = Step(error="Authentication failed: the check could not be made",
+                        detail=f"check failed ({type(exc).__name__})")
+        decision = self._conclude(conn, peek, settings, exchange, step)
         return decision.body if isinstance(decision, Answer) else decision
 
     def _conclude(self, conn: ConnectionState, peek: RequestPeek, settings: SaslSettings,

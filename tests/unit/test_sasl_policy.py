@@ -206,6 +206,20 @@ def test_a_plain_password_against_stored_keys_is_answered_once_derived() -> None
     assert audit[-1]["outcome"] == "failed" and "guess" not in repr(audit)
 
 
+def test_a_check_that_fails_to_run_refuses_the_login() -> None:
+    async def broken(check: Any) -> bool:
+        raise OSError("no thread to run it in")
+
+    audit: list[dict[str, Any]] = []
+    conn = _conn(_settings(derive=broken), audit)
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    later = _ask(conn, api_keys.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0bob\0bob-secret"})
+    assert isinstance(later, AnswerLater)
+    refused = _settle_now(later)
+    assert isinstance(refused, Refuse) and not conn.authenticated
+    assert audit[-1]["outcome"] == "failed" and audit[-1]["reason"] == "check failed (OSError)"
+
+
 def test_unoffered_mechanism_v0_handshake_oversized_token_and_no_handshake() -> None:
     conn = _conn(_settings(), [])
     refused = _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-512"})
