@@ -66,11 +66,11 @@ class Discovery:
         self._peer: tuple[str, int] | None = None  # the address the kept one reached
         self._made_with: tuple[object, ...] = ()  # what the kept connection was opened with
         self._correlation_id = 0
-        self._lock = trio.Lock()  # the periodic round and a reload's, one at a time
+        self._lock = trio.Lock()
 
     async def discover(self, timeout: float, max_frame: int) -> Seen:
         """One Metadata round trip; raises on any failure (the caller logs and retries)."""
-        async with self._lock:
+        async with self._lock:  # the kept connection carries one round trip at a time
             if self._stream is not None and (self._made_with != self._settings()
                                              or not await self._still_pointed_at()):
                 await self.aclose()
@@ -79,18 +79,21 @@ class Discovery:
                     return await self._ask(self._stream, timeout, max_frame)
                 except KEPT_CONNECTION_FAILED:
                     await self.aclose()  # gone since the last round: a fresh one
-            made_with = self._settings()
-            stream, server = await self.rotation.connect(timeout)
-            try:
-                seen = await self._ask(stream, timeout, max_frame)
-            except BaseException:
-                await trio.aclose_forcefully(stream)
-                raise
-            if self.rotation.servers[:1] == [server] and made_with == self._settings():
-                self._stream, self._made_with, self._peer = stream, made_with, _peer_of(stream)
-            else:  # a later server answered: the next round tries the first again
-                await stream.aclose()
-            return seen
+        # A fresh connection: a reload's round does not wait for a slow connect of the
+        # periodic one (the old list's), as it did not before.
+        made_with = self._settings()
+        stream, server = await self.rotation.connect(timeout)
+        try:
+            seen = await self._ask(stream, timeout, max_frame)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        if (self._stream is None and self.rotation.servers[:1] == [server]
+                and made_with == self._settings()):
+            self._stream, self._made_with, self._peer = stream, made_with, _peer_of(stream)
+        else:  # a later server answered (the next round tries the first again), or
+            await stream.aclose()  # another round's connection is kept already
+        return seen
 
     async def aclose(self) -> None:
         """Close the kept connection (the proxy stops, or its upstream changed)."""
@@ -121,9 +124,9 @@ class Discovery:
         return (tuple(rotation.servers), rotation.tls, rotation.login)
 
     async def _ask(self, stream: trio.abc.Stream, timeout: float, max_frame: int) -> Seen:
-        self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
+        self._correlation_id = correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
         with trio.fail_after(timeout):
-            await stream.send_all(metadata_request(self._correlation_id))
+            await stream.send_all(metadata_request(correlation_id))
             reader = FrameReader(max_frame)
             while (frame := reader.next_frame()) is None:
                 data = await stream.receive_some(65536)
@@ -131,7 +134,7 @@ class Discovery:
                     raise ConnectionError("broker closed the discovery connection")
                 reader.feed(data)
         response = decode_response(frame, api_keys.METADATA, DISCOVERY_VERSION)
-        if response.header.correlation_id != self._correlation_id:
+        if response.header.correlation_id != correlation_id:
             raise ConnectionError("discovery answer out of step with its request")
         body = response.body
         return Seen(
