@@ -39,6 +39,8 @@ from kproxy.policies.connection import (
 )
 
 AuditFn = Callable[[dict[str, object]], None]
+# Runs a password check that derives a key somewhere other than the event loop.
+Derive = Callable[[Callable[[], bool]], Awaitable[bool]]
 MAX_TOKEN_BYTES = 64 * 1024  # a SaslAuthenticate token larger than this is refused
 MAX_STEPS = 4  # SCRAM takes two; a client that keeps going is refused
 
@@ -53,8 +55,7 @@ class SaslSettings:
     max_token_bytes: int = MAX_TOKEN_BYTES
     session_lifetime_ms: int = 0  # PLAIN/SCRAM sessions; 0: no re-authentication asked
     clock: Callable[[], float] = field(default=lambda: 0.0)  # monotonic seconds
-    # Runs a key derivation off the event loop (the shell's); None: in place.
-    derive: Callable[[Callable[[], bool]], Awaitable[bool]] | None = None
+    derive: Derive | None = None  # the shell's, off its event loop; None: in place
 
 
 def _source(conn: ConnectionState) -> str:
@@ -131,8 +132,7 @@ class SaslAuthenticate:
         return self._conclude(conn, peek, settings, exchange, step)
 
     async def _settled(self, conn: ConnectionState, peek: RequestPeek, settings: SaslSettings,
-                       exchange: Exchange, pending: PendingCheck,
-                       derive: Callable[[Callable[[], bool]], Awaitable[bool]],
+                       exchange: Exchange, pending: PendingCheck, derive: Derive,
                        ) -> bytes | Refuse:
         """The answer once the pending check has run where ``derive`` runs it."""
         try:

@@ -14,9 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-import trio
-
-from kproxy.codecs.errors import CodecError
 from kproxy.logs import RateLimitedLog
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.policies.connection import ConnectionState, Handled
@@ -24,8 +21,8 @@ from kproxy.policies.proxy_state import ProxyState
 from kproxy.policies.rebootstrap import Action
 from kproxy.policies.rewrite import Seen
 from kproxy.policies.topology import Change
-from kproxy.runtime.discovery import Discovery
-from kproxy.runtime.upstream import BootstrapRotation, UpstreamUnavailable
+from kproxy.runtime.discovery import ROUND_FAILED, Discovery
+from kproxy.runtime.upstream import BootstrapRotation
 
 log = logging.getLogger("kproxy")
 
@@ -132,8 +129,7 @@ class BackendWatch:
         servers = list(self.rotation.servers)
         try:
             seen = await self.discovery.discover(connect_timeout, max_frame_bytes)
-        except (UpstreamUnavailable, OSError, trio.TooSlowError, trio.BrokenResourceError,
-                trio.ClosedResourceError, CodecError, ConnectionError) as exc:
+        except ROUND_FAILED as exc:
             self.ratelog(logging.WARNING, "discovery", "backend discovery failed",
                          error=str(exc) or type(exc).__name__)
             return None

@@ -36,15 +36,18 @@ from kproxy.codecs.primitives import Writer
 from kproxy.codecs.schemas import metadata
 from kproxy.policies.addressing import BrokerAddress
 from kproxy.policies.rewrite import Seen
-from kproxy.runtime.upstream import BootstrapRotation
+from kproxy.runtime.listeners import peer_of
+from kproxy.runtime.upstream import BootstrapRotation, UpstreamUnavailable
 
 # Metadata v4 is the oldest version every current broker still serves (Kafka 4
 # dropped v0-v3) and needs no flexible-version handling.
 DISCOVERY_VERSION = 4
 CLIENT_ID = "kproxy-discovery"
-# What a round trip on the kept connection may fail with before a fresh one is tried.
+# What a round trip may fail with: on the kept connection, a fresh one is tried then;
+# with ``UpstreamUnavailable`` (no server answered), what fails a round (logged).
 KEPT_CONNECTION_FAILED = (OSError, trio.TooSlowError, trio.BrokenResourceError,
                           trio.ClosedResourceError, ConnectionError, CodecError)
+ROUND_FAILED = (UpstreamUnavailable, *KEPT_CONNECTION_FAILED)
 
 
 def metadata_request(correlation_id: int) -> bytes:
@@ -146,10 +149,4 @@ class Discovery:
 def _peer_of(stream: trio.abc.Stream) -> tuple[str, int] | None:
     """The (address, port) a connection reached, TLS or not."""
     inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-    if not isinstance(inner, trio.SocketStream):
-        return None
-    try:
-        peer = inner.socket.getpeername()
-    except OSError:
-        return None
-    return peer[0], peer[1]
+    return peer_of(inner) if isinstance(inner, trio.SocketStream) else None
