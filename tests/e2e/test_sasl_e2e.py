@@ -7,6 +7,7 @@ beyond loopback without a token."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -24,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import scramp
 
 from kproxy.codecs import api_keys
+from kproxy.codecs.error_codes import ErrorCode
+from kproxy.codecs.messages import decode_response
 from kproxy.embedded_broker import TansuBroker
 
 from ..support import (
@@ -144,6 +148,61 @@ def _raw(kp: KproxyProcess, *frames: bytes, port: int | None = None) -> bytes:
         while chunk := sock.recv(65536):
             data += chunk
         return data
+
+
+def _frames(sock: socket.socket, count: int) -> list[bytes]:
+    """The next ``count`` response frames (bodies) on a blocking socket."""
+    data, frames = b"", list[bytes]()
+    while len(frames) < count:
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "closed before the answer"
+            data += chunk
+        size = struct.unpack(">i", data[:4])[0]
+        frames.append(data[4:4 + size])
+        data = data[4 + size:]
+    return frames
+
+
+def _scram_salt(kp: KproxyProcess, name: str) -> tuple[bytes, int]:
+    """A SCRAM-SHA-256 login as ``name`` with a wrong password, over a raw connection:
+    the salt and iteration count the server-first message gave."""
+    client = scramp.ScramClient(["SCRAM-SHA-256"], name, "not-the-password")
+    with socket.create_connection(("127.0.0.1", kp.bootstrap_port), timeout=10) as sock:
+        sock.sendall(encode_request(api_keys.SASL_HANDSHAKE, 1, 1, {"mechanism": "SCRAM-SHA-256"})
+                     + encode_request(api_keys.SASL_AUTHENTICATE, 2, 2, {
+                         "auth_bytes": client.get_client_first().encode()}))
+        first = decode_response(_frames(sock, 2)[1], api_keys.SASL_AUTHENTICATE, 2).body
+        assert first["error_code"] == 0
+        client.set_server_first(first["auth_bytes"].decode())
+        sock.sendall(encode_request(api_keys.SASL_AUTHENTICATE, 2, 3, {
+            "auth_bytes": client.get_client_final().encode()}))
+        final = decode_response(_frames(sock, 1)[0], api_keys.SASL_AUTHENTICATE, 2).body
+        assert final["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
+    fields = dict(f.split("=", 1) for f in first["auth_bytes"].decode().split(","))
+    return base64.b64decode(fields["s"]), int(fields["i"])
+
+
+def test_an_unknown_scram_name_gets_one_salt_from_every_worker(
+        proxy: tuple[KproxyProcess, Path]) -> None:
+    """A SCRAM server-first message gives an unknown name a made-up salt; were it made
+    per worker, two logins landing on the two workers would see two salts where a real
+    user's stays put, and tell the name unknown. Its shape is a real user's too."""
+    kp, tmp = proxy
+    salts: set[tuple[bytes, int]] = set()
+    pids: set[int] = set()
+    for _ in range(40):  # connections land on either worker; 40 misses one 1 in 10^11
+        salts.add(_scram_salt(kp, "mallory"))
+        pids = wait_until(lambda: {r["pid"] for r in audit_records(tmp)
+                                   if r.get("principal") == "mallory"})
+        if len(pids) >= 2:
+            break
+    assert len(pids) >= 2, "every login landed on one worker"
+    assert len(salts) == 1
+    ((salt, iterations),) = salts
+    known, known_iterations = _scram_salt(kp, "alice")
+    assert (len(salt), iterations) == (len(known), known_iterations)
+    assert _scram_salt(kp, "trudy")[0] != salt
 
 
 def test_requests_before_login_and_malformed_frames_are_refused(

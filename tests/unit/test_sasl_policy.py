@@ -4,6 +4,7 @@ scramp's client, and the handlers' answers (ok, failed after a delay, gate, size
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from kproxy.codecs.peek import peek_request
 from kproxy.policies.addressing import PortMap
 from kproxy.policies.auth.handlers import SaslSettings, make_gate, sasl_handlers
 from kproxy.policies.auth.sasl import PlainExchange, ScramExchange, exchange_factory
-from kproxy.policies.auth.users import UsersError, parse_users
+from kproxy.policies.auth.users import UsersError, UserStore, parse_users
 from kproxy.policies.connection import Answer, AnswerLater, Close, ConnectionState, Refuse
 from kproxy.policies.proxy_state import ProxyState
 
@@ -82,6 +83,65 @@ def test_plain() -> None:
         assert step.pending.settle(step.pending.check()).principal == principal
     assert PlainExchange(store).step(b"garbage").error
     assert PlainExchange(store).step(b"\0\xff\0x").error
+
+
+def _server_first(store: UserStore, mechanism: str, name: str) -> tuple[bytes, int]:
+    """The salt and iteration count a SCRAM server-first message gives ``name``."""
+    client = scramp.ScramClient([mechanism], name, "any")
+    first = ScramExchange(store, mechanism).step(client.get_client_first().encode())
+    fields = dict(f.split("=", 1) for f in first.reply.decode().split(","))
+    return base64.b64decode(fields["s"]), int(fields["i"])
+
+
+def _stored(name: str, mechanism: str, password: str, iterations: int, salt: bytes) -> str:
+    s, stored, server, i = scramp.ScramMechanism(mechanism).make_auth_info(
+        password, iteration_count=iterations, salt=salt)
+    keys = {"salt": s, "stored_key": stored, "server_key": server}
+    return (f"[users.{name}.{mechanism.lower().replace('-', '_')}]\niterations = {i}\n"
+            + "".join(f'{k} = "{base64.b64encode(v).decode()}"\n' for k, v in keys.items()))
+
+
+def test_an_unknown_scram_name_looks_like_a_known_one() -> None:
+    """Its salt has the store's usual length and stays the same login after login and
+    in every worker (each builds its own store from the same file); its iteration
+    count is the store's usual one. Kafka's keys carry a 26-byte salt at 8,192 here."""
+    text = "".join(_stored(f"u{n}", "SCRAM-SHA-256", "pw", 8192, bytes(26)) for n in range(3))
+    one, other = parse_users(text), parse_users(text)
+    known_salt, known_i = _server_first(one, "SCRAM-SHA-256", "u0")
+    salt, i = _server_first(one, "SCRAM-SHA-256", "mallory")
+    assert (len(salt), i) == (len(known_salt), known_i) == (26, 8192)
+    assert _server_first(other, "SCRAM-SHA-256", "mallory") == (salt, i)  # another worker
+    assert _server_first(one, "SCRAM-SHA-256", "trudy")[0] != salt  # per name
+    # a store of password users: shaped as their derived keys
+    store = parse_users(USERS)
+    known = _server_first(store, "SCRAM-SHA-256", "alice")
+    unknown = _server_first(store, "SCRAM-SHA-256", "nobody")
+    assert (len(unknown[0]), unknown[1]) == (len(known[0]), known[1]) == (32, 4096)
+    assert _scram_login("SCRAM-SHA-256", "nobody", "x")[0] is None
+
+
+def test_an_unknown_plain_name_derives_as_long_as_a_known_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PLAIN against stored keys: an unknown name's check derives a key over the store's
+    usual iteration count too (else its quick refusal names it unknown), and fails."""
+    derivations: list[tuple[str, int]] = []
+    real = hashlib.pbkdf2_hmac
+
+    def counted(name: str, password: bytes, salt: bytes, iterations: int) -> bytes:
+        derivations.append((name, iterations))
+        return real(name, password, salt, iterations)
+
+    store = parse_users(_stored("bob", "SCRAM-SHA-512", "pw", 5000, bytes(20)))
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    for name, password, principal in (("bob", b"pw", "bob"), ("bob", b"guess", None),
+                                      ("mallory", b"pw", None)):
+        step = PlainExchange(store).step(b"\0" + name.encode() + b"\0" + password)
+        assert step.pending is not None and step.error is None
+        assert step.pending.settle(step.pending.check()).principal == principal
+    assert derivations == [("sha512", 5000)] * 3
+    # with no stored-key user, no check derives: an unknown name is refused at once
+    step = PlainExchange(parse_users('[users.alice]\npassword = "a"\n')).step(b"\0mallory\0pw")
+    assert step.pending is None and step.error
 
 
 @pytest.mark.parametrize("text, where", [
