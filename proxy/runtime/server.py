@@ -4,8 +4,9 @@
 handler table, the memory budget, the upstream connector, event reporting, the
 backend watch), opens the bootstrap listener and the HTTP endpoint, runs discovery,
 and accepts connections: admission, TLS (and SNI routing), then one ``Session`` per
-connection. Signals, reload and drain are ``kproxy.runtime.lifecycle``'s; per-broker
-listeners ``kproxy.runtime.broker_listeners``'; HTTP routes ``kproxy.http.routes``'.
+connection (``kproxy.runtime.accepting``). Signals, reload and drain are
+``kproxy.runtime.lifecycle``'s; per-broker listeners ``kproxy.runtime.broker_listeners``';
+HTTP routes ``kproxy.http.routes``'.
 """
 
 from __future__ import annotations
@@ -40,19 +41,18 @@ from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import facts_route
 from kproxy.policies.api_versions import default_caps
-from kproxy.policies.auth.cert import cert_principal
 from kproxy.policies.auth.handlers import make_gate, sasl_handlers
 from kproxy.policies.auth.quotas import Quotas
 from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterChain
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
-from kproxy.runtime import lifecycle, worker_link
+from kproxy.runtime import accepting, lifecycle, worker_link
 from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.broker_listeners import BrokerListeners
 from kproxy.runtime.listeners import inherited_listener, open_listeners
-from kproxy.runtime.tls import HandshakeFailed, accept_tls, server_context, upstream_context
+from kproxy.runtime.tls import server_context, upstream_context
 from kproxy.runtime.upstream import AddressCache, BootstrapRotation, UpstreamConnector
 from kproxy.runtime.virtual_clusters import VirtualCluster, VirtualClusterCollector
 from kproxy.session.events import SessionEvents
@@ -167,7 +167,7 @@ class Proxy:
         self.http_fd: int | None = None  # a worker's HTTP listener, opened by its supervisor
         self._stop = trio.Event()
         self.started = trio.Event()  # listening, the backend discovered once
-        self._sessions_nursery: trio.Nursery | None = None
+        self.sessions_nursery: trio.Nursery | None = None
         self._bootstrap_scope = trio.CancelScope()
 
     def set_config(self, new: Config) -> None:
@@ -236,7 +236,7 @@ class Proxy:
                 services.start_soon(self.admission.control.run,
                                     self.admission.budget.connections)
             async with trio.open_nursery() as sessions:
-                self._sessions_nursery = sessions
+                self.sessions_nursery = sessions
                 sessions.start_soon(self.parking.run, sessions)
                 self.listeners.start(services, self._serve)
                 host, port = cfg.listen
@@ -312,84 +312,9 @@ class Proxy:
     async def _serve(self, listeners: list[trio.SocketListener], name: str, node_id: int | None,
                      scope: trio.CancelScope, services: SessionServices | None = None,
                      vcluster: VirtualCluster | None = None) -> None:
-        # A partial, not a wrapping coroutine: every open connection waits inside its
-        # handler, and each coroutine frame it waits in is memory it holds.
-        handle = partial(self._serve_one, node_id=node_id, services=services,
-                         vcluster=vcluster)
-        assert self._sessions_nursery is not None
-        with scope:
-            try:
-                await self.admission.serve(listeners, name, handle, self._sessions_nursery)
-            finally:
-                for listener in listeners:
-                    await trio.aclose_forcefully(listener)
+        await accepting.serve(self, listeners, name, node_id, scope, services, vcluster)
 
-    async def _serve_one(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
-                         node_id: int | None, services: SessionServices | None = None,
-                         vcluster: VirtualCluster | None = None) -> None:
-        """Serve an admitted connection. It owns its admission until a session takes it
-        over: the session releases it when it ends, which may be long after this returns
-        (a parked session has no task)."""
-        session: Session | None = None
-        try:
-            accepted = await self._handshake(stream, peer, name, node_id)
-            if accepted is None:
-                return
-            client, name, node_id = accepted
-            session = Session(services or self.services, client, name, node_id, peer,
-                              self._session_ended)
-            self.sessions.add(session)
-            if vcluster is not None:
-                vcluster.accepted += 1
-            if isinstance(client, trio.SSLStream) and self.config.tls_client_auth != "none":
-                self._cert_login(session, client)
-        finally:
-            if session is None:
-                stream.socket.close()  # idempotent: closed already when refused
-                self.admission.release(peer[0])
-        await session.run()
-
-    async def _handshake(self, stream: trio.SocketStream, peer: tuple[str, int], name: str,
-                         node_id: int | None) -> tuple[trio.abc.Stream, str, int | None] | None:
-        """The client stream (TLS when on, its server name picking the broker with SNI
-        routing), the listener name and node; None when the connection was refused."""
-        if self.server_tls is None:
-            return stream, name, node_id
-        try:
-            client, server_name = await accept_tls(stream, self.server_tls,
-                                                   self.config.tls_handshake_timeout)
-        except HandshakeFailed as exc:
-            limit = "tls_handshake_timeout" if exc.timed_out else None
-            self.admission.refuse(limit, "tls_handshake", "TLS handshake failed; "
-                                  "connection closed", peer, listener=name, error=str(exc))
-            self.metrics.tls_handshake_failures.labels(name).inc()
-            await trio.aclose_forcefully(stream)
-            return None
-        sni = self.state.port_map.sni
-        if sni is not None:
-            node_id = sni.node_for(server_name)
-            if node_id is not None and node_id not in self.state.view.nodes:
-                self.admission.refuse(None, "sni", "TLS server name names no known "
-                                      "broker; connection closed", peer, listener=name,
-                                      server_name=server_name)
-                await trio.aclose_forcefully(client)
-                return None
-            name = f"broker-{node_id}" if node_id is not None else name
-        return client, name, node_id
-
-    def _cert_login(self, session: Session, client: trio.SSLStream[trio.SocketStream]) -> None:
-        """A verified client certificate names the connection's principal (a SASL login
-        on it, when SASL is terminated here, still comes first and names it then)."""
-        principal = cert_principal(client.getpeercert(), self.config.tls_principal)
-        if principal is None:
-            return
-        conn = session.conn
-        conn.principal = principal
-        self.audit_record({"event": "login", "outcome": "ok", "mechanism": "mTLS",
-                           "principal": principal, "listener": conn.listener,
-                           "source": f"{conn.info.source_address}:{conn.info.source_port}"})
-
-    def _session_ended(self, session: Session) -> None:
+    def session_ended(self, session: Session) -> None:
         self.sessions.discard(session)
         if session.services is not self.services:
             for vcluster in self.virtual_clusters:
