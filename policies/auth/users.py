@@ -70,17 +70,26 @@ class UserStore:
         """PLAIN: the password against the stored one (the answer), or against the
         stored SCRAM key: then the check to run, which derives the key from the
         password (PBKDF2 over the stored iterations: for the caller to run off its
-        event loop)."""
+        event loop). When some users have only stored keys, every check derives (an
+        unknown name's and a password user's over a decoy), so that none is answered
+        sooner than theirs."""
         user = self.users.get(name)
         if user is None:
             if self._plain_decoy is None:
                 return False
             # As long as a stored-key user's check: an unknown name must not answer sooner.
             mechanism, shape = self._plain_decoy
-            return partial(_derives_nothing, mechanism, self.decoy(name, mechanism, shape),
-                           password)
+            return partial(_derives_then, mechanism, self.decoy(name, mechanism, shape),
+                           password, False)
         if user.password is not None:
-            return hmac.compare_digest(user.password.encode(), password.encode())
+            holds = hmac.compare_digest(user.password.encode(), password.encode())
+            if self._plain_decoy is None:
+                return holds
+            # Beside stored-key users, a password user's answer waits for a derivation
+            # too: else a quick answer names it a user.
+            mechanism, shape = self._plain_decoy
+            return partial(_derives_then, mechanism, self.decoy(name, mechanism, shape),
+                           password, holds)
         for mechanism, cred in user.scram.items():
             return partial(_derives_stored_key, mechanism, cred, password)
         return False
@@ -157,10 +166,12 @@ def _derives_stored_key(mechanism: str, cred: ScramCredential, password: str) ->
     return hmac.compare_digest(derived[1], cred.stored_key)
 
 
-def _derives_nothing(mechanism: str, decoy: ScramCredential, password: str) -> bool:
-    """An unknown name's check: the same derivation, never a match."""
+def _derives_then(mechanism: str, decoy: ScramCredential, password: str,
+                  holds: bool) -> bool:
+    """A check that must take as long as a stored key's: the same derivation over a
+    decoy, then the answer known before (an unknown name's is False)."""
     _derives_stored_key(mechanism, decoy, password)
-    return False
+    return holds
 
 
 def parse_users(text: str | bytes, where: str = "users_file") -> UserStore:

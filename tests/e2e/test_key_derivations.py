@@ -171,9 +171,12 @@ failed_login_delay = 0.1
 async def test_plain_against_stored_keys_in_every_worker(
         shared_tansu: TansuBroker, tmp_path: Path) -> None:
     """`kproxy run` with its default workers: the right password logs in at each
-    worker, and a wrong guess and an unknown name are both refused only after a
-    derivation (an unknown name answered sooner would tell the names apart)."""
+    worker; a wrong guess, an unknown name and a password user (beside a stored-key
+    one) are all answered only after a derivation (one answered sooner would tell
+    the names apart)."""
     derivation = stored_keys(tmp_path, "bob", "bob-secret")
+    with (tmp_path / "users.toml").open("a") as users:
+        users.write('[users.carol]\npassword = "carol-secret"\n')
     delay = 0.1
     (tmp_path / "kproxy.toml").write_text(f"""
 audit_log = "{tmp_path / 'audit.log'}"
@@ -203,9 +206,14 @@ failed_login_delay = {delay}
             if len(ok_pids()) == 2:
                 break
         assert len(ok_pids()) == 2, "every login landed on one worker"
-        for plain in (b"\0bob\0guess", b"\0mallory\0guess"):
+        # a password user's answer waits for a derivation too, beside a stored-key user
+        for plain, wanted, least in (
+                (b"\0bob\0guess", ErrorCode.SASL_AUTHENTICATION_FAILED, delay),
+                (b"\0mallory\0guess", ErrorCode.SASL_AUTHENTICATION_FAILED, delay),
+                (b"\0carol\0guess", ErrorCode.SASL_AUTHENTICATION_FAILED, delay),
+                (b"\0carol\0carol-secret", ErrorCode.NONE, 0.0)):
             code, took = await login(plain)
-            print(f"\n{plain!r}: refused after {took * 1e3:.0f} ms (derivation "
-                  f"{derivation * 1e3:.0f} ms, delay {delay * 1e3:.0f} ms)")
-            assert code == ErrorCode.SASL_AUTHENTICATION_FAILED
-            assert took >= delay + derivation / 2
+            print(f"\n{plain!r}: answered after {took * 1e3:.0f} ms (derivation "
+                  f"{derivation * 1e3:.0f} ms, failed-login delay {delay * 1e3:.0f} ms)")
+            assert code == wanted
+            assert took >= least + derivation / 2

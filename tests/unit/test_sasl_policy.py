@@ -69,11 +69,15 @@ def test_scram_with_stored_credentials_and_unknown_user() -> None:
     assert _scram_login("SCRAM-SHA-256", "nobody", "x")[0] is None
 
 
+PASSWORDS_ONLY = '[users.alice]\npassword = "alice-secret"\n'
+
+
 def test_plain() -> None:
-    store = parse_users(USERS)
+    store = parse_users(PASSWORDS_ONLY)  # no user with stored keys: answered at once
     assert PlainExchange(store).step(b"\0alice\0alice-secret").principal == "alice"
     assert PlainExchange(store).step(b"alice\0alice\0alice-secret").principal == "alice"
     assert PlainExchange(store).step(b"\0alice\0wrong").error
+    store = parse_users(USERS)
     assert PlainExchange(store).step(b"bob\0alice\0alice-secret").error  # authzid differs
     # stored SCRAM keys: the password's key is derived, a check left to run (off the
     # loop); until it has run, nobody is logged in
@@ -139,6 +143,15 @@ def test_an_unknown_plain_name_derives_as_long_as_a_known_one(
         assert step.pending is not None and step.error is None
         assert step.pending.settle(step.pending.check()).principal == principal
     assert derivations == [("sha512", 5000)] * 3
+    # beside a stored-key user, a password user's check derives too, then answers
+    mixed = parse_users(_stored("bob", "SCRAM-SHA-512", "pw", 5000, bytes(20))
+                        + '[users.alice]\npassword = "a"\n')
+    derivations.clear()
+    for password, principal in ((b"a", "alice"), (b"guess", None)):
+        step = PlainExchange(mixed).step(b"\0alice\0" + password)
+        assert step.pending is not None
+        assert step.pending.settle(step.pending.check()).principal == principal
+    assert derivations == [("sha512", 5000)] * 2
     # with no stored-key user, no check derives: an unknown name is refused at once
     step = PlainExchange(parse_users('[users.alice]\npassword = "a"\n')).step(b"\0mallory\0pw")
     assert step.pending is None and step.error
@@ -184,8 +197,8 @@ def _ask(conn: ConnectionState, key: int, version: int, body: dict[str, Any],
     return conn.request(peek_request(frame), frame)
 
 
-def _settings(**kw: Any) -> SaslSettings:
-    store = parse_users(USERS)
+def _settings(users: str = USERS, **kw: Any) -> SaslSettings:
+    store = parse_users(users)
     return SaslSettings(("PLAIN", "SCRAM-SHA-256"), exchange_factory(lambda: store), 0.5,
                         clock=Clock(), **kw)
 
@@ -241,12 +254,20 @@ async def _derive_here(check: Any) -> bool:
 def test_a_plain_password_against_stored_keys_is_answered_once_derived() -> None:
     audit: list[dict[str, Any]] = []
     derived.clear()
-    conn = _conn(_settings(derive=_derive_here), audit)
+    conn = _conn(_settings(PASSWORDS_ONLY, derive=_derive_here), audit)
     _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
-    # a password user's check needs no derivation: answered at once
+    # no user with stored keys: a password user's check needs no derivation
     assert isinstance(_ask(conn, api_keys.SASL_AUTHENTICATE, 2,
                            {"auth_bytes": b"\0alice\0alice-secret"}), Answer)
     assert not derived
+    # beside one, it waits for a (decoy) derivation like theirs, then logs in
+    conn = _conn(_settings(derive=_derive_here), audit)
+    _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+    later = _ask(conn, api_keys.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0alice-secret"})
+    assert isinstance(later, AnswerLater) and not conn.authenticated
+    assert isinstance(_settle_now(later), bytes) and len(derived) == 1
+    assert conn.authenticated and conn.principal == "alice"
+    derived.clear()
     conn = _conn(_settings(derive=_derive_here), audit)
     _ask(conn, api_keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
     later = _ask(conn, api_keys.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0bob\0bob-secret"})
