@@ -102,9 +102,11 @@ class UserStore:
             return self.decoy(name, mechanism, self._scram_shapes[mechanism])
         cred = user.scram.get(mechanism)
         if cred is None and user.password is not None:
+            # Salted as a decoy is: the same in every worker (a salt that changed from
+            # one worker to the next would tell a password user from an unknown name).
             salt, stored, server, i = scramp.ScramMechanism(mechanism).make_auth_info(
                 user.password, iteration_count=_DEFAULT_SHAPE[0],
-                salt=os.urandom(_DEFAULT_SHAPE[1]))
+                salt=self.decoy(name, mechanism, _DEFAULT_SHAPE).salt)
             cred = user.scram[mechanism] = ScramCredential(salt, stored, server, i)
         if cred is None:  # stored keys for the other mechanism only
             return self.decoy(name, mechanism, self._scram_shapes[mechanism])

@@ -121,6 +121,8 @@ def test_an_unknown_scram_name_looks_like_a_known_one() -> None:
     known = _server_first(store, "SCRAM-SHA-256", "alice")
     unknown = _server_first(store, "SCRAM-SHA-256", "nobody")
     assert (len(unknown[0]), unknown[1]) == (len(known[0]), known[1]) == (32, 4096)
+    # a password user's derived keys keep one salt in every worker, as a decoy does
+    assert _server_first(parse_users(USERS), "SCRAM-SHA-256", "alice") == known
     assert _scram_login("SCRAM-SHA-256", "nobody", "x")[0] is None
 
 
