@@ -10,10 +10,10 @@ import trio
 from kproxy import logs
 from kproxy.commands.heap import settle_heap
 from kproxy.config import settings as config_mod
-from kproxy.runtime import workers
 from kproxy.runtime.admission_control import AdmissionControl
-from kproxy.runtime.admission_hub import CONTROL_FD_FLAG, WORKER_COUNT_FLAG
 from kproxy.runtime.server import Proxy
+from kproxy.supervisor import workers
+from kproxy.supervisor.admission_hub import CONTROL_FD_FLAG, WORKER_COUNT_FLAG
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     # Set by the supervisor for its workers only: their end of the admission channel.
     p.add_argument(CONTROL_FD_FLAG, type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(WORKER_COUNT_FLAG, type=int, default=1, help=argparse.SUPPRESS)
-    # ... and the HTTP listener it opened for them (kproxy.runtime.workers).
+    # ... and the HTTP listener it opened for them (kproxy.supervisor.workers).
     p.add_argument(workers.HTTP_FD_FLAG, dest="http_fd", type=int, default=None,
                    help=argparse.SUPPRESS)
     p.set_defaults(func=run)

@@ -1,7 +1,7 @@
 """Worker side of global admission: ask the supervisor before serving a connection.
 
 A worker under ``kproxy run --workers N`` gets one end of a Unix socket pair from the
-supervisor (``kproxy.runtime.admission_hub`` has the protocol). For each accepted
+supervisor (``kproxy.supervisor.admission_hub`` has the protocol). For each accepted
 connection it sends ADMIT and waits for the verdict; when the connection closes it
 sends RELEASE. Requests are multiplexed by id, so many connections wait at once and
 the accept loop never waits on the supervisor.
@@ -30,7 +30,7 @@ import trio
 from prometheus_client import Counter, Histogram
 
 from kproxy.metrics.proxy_metrics import ProxyMetrics
-from kproxy.runtime.admission_hub import (
+from kproxy.supervisor.admission_hub import (
     ADMIT,
     ADMITTED,
     ANSWER,

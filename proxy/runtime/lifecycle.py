@@ -16,8 +16,8 @@ import trio
 
 from kproxy.config.settings import RESTART_ONLY, Config, ConfigError, option_value
 from kproxy.config.virtual_clusters import reload_change
-from kproxy.runtime import worker_link
 from kproxy.runtime.tls import server_context, upstream_context
+from kproxy.supervisor import worker_link
 
 if TYPE_CHECKING:
     from kproxy.runtime.server import Proxy

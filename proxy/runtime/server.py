@@ -47,7 +47,7 @@ from kproxy.policies.filters.chain import BuiltinFilter, DecisionCounts, FilterC
 from kproxy.policies.groups import GroupLimits
 from kproxy.policies.handlers import LocalHandler, builtin_filters
 from kproxy.policies.proxy_state import ProxyState
-from kproxy.runtime import accepting, lifecycle, worker_link
+from kproxy.runtime import accepting, lifecycle
 from kproxy.runtime.admission import Admission
 from kproxy.runtime.backend_watch import BackendWatch
 from kproxy.runtime.broker_listeners import BrokerListeners
@@ -59,6 +59,7 @@ from kproxy.session.events import SessionEvents
 from kproxy.session.parked.express import call_in_trio
 from kproxy.session.parked.parking import ParkingLot
 from kproxy.session.session import Session
+from kproxy.supervisor import worker_link
 from kproxy.telemetry import otlp_export
 from kproxy.telemetry.service import TelemetryService
 

@@ -1,7 +1,7 @@
 """The admission row of `make bench`: what global admission adds to each new connection.
 
 With ``--workers 2`` a worker asks the supervisor before it serves a connection and
-tells it when the connection closes (``kproxy.runtime.admission_hub``); with
+tells it when the connection closes (``kproxy.supervisor.admission_hub``); with
 ``--workers 1`` admission is a local count. The figure is the time from ``connect``
 to the first byte of the answer to an ApiVersions request sent at once on a fresh
 connection (the proxy admits it, connects upstream, relays the request and the

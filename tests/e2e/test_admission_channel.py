@@ -16,7 +16,7 @@ import trio
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.runtime import admission_control
 from kproxy.runtime.admission_control import UNANSWERED, AdmissionControl
-from kproxy.runtime.admission_hub import AdmissionHub, Ledger, channel_pair
+from kproxy.supervisor.admission_hub import AdmissionHub, Ledger, channel_pair
 
 
 async def wait_for(check: Callable[[], object], what: str) -> None:

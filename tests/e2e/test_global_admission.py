@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from kproxy.embedded_broker import TansuBroker
-from kproxy.runtime.workers import Supervisor
+from kproxy.supervisor.workers import Supervisor
 
 from ..support import broker_port_base, free_port, http_get, make_config
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from kproxy.runtime.listeners import inherited_listener
-from kproxy.runtime.workers import HTTP_FD_FLAG, Supervisor, Worker, worker_http_socket
+from kproxy.supervisor.workers import HTTP_FD_FLAG, Supervisor, Worker, worker_http_socket
 
 
 def test_the_port_is_held_before_any_worker_runs() -> None:

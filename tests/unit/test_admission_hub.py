@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kproxy.runtime.admission_hub import (
+from kproxy.supervisor.admission_hub import (
     ADMIT,
     ADMITTED,
     ANSWER,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -84,9 +85,10 @@ def test_unit_tests_need_no_network(path: Path) -> None:
 SHELL = ROOT / "proxy"
 ALLOWED: dict[str, set[str]] = {
     "cli": {"commands"},
-    "commands": {"config", "runtime", "embedded_broker", "logs"},
+    "commands": {"config", "runtime", "supervisor", "embedded_broker", "logs"},
     "runtime": {"config", "session", "http", "metrics", "telemetry", "context", "archive",
-                "memory", "logs", "embedded_broker", "auth"},
+                "memory", "logs", "embedded_broker", "auth", "supervisor"},
+    "supervisor": {"config", "http", "metrics", "auth", "logs"},
     "context": {"config", "session", "runtime", "metrics", "memory"},
     "session": {"config", "metrics", "context", "archive", "memory", "logs"},
     "telemetry": {"config", "metrics", "http", "runtime", "archive", "logs"},
@@ -171,3 +173,19 @@ def test_top_level_of_the_shell_stays_small() -> None:
 def test_sans_io_top_levels_stay_small(folder: str) -> None:
     top = [p for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py"]
     assert len(top) <= 20, sorted(p.name for p in top)
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject lists the packages by name: a folder missing there is left out of the
+    wheel and the image (an import error at run time, not at an editable install's)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {Path(folder): name for name, folder in setuptools["package-dir"].items()}
+    folders = {init.parent for root in roots for init in (ROOT / root).rglob("__init__.py")
+               if ".venv" not in init.parts}
+    named = set()
+    for folder in folders:
+        root = max((r for r in roots if folder.relative_to(ROOT).is_relative_to(r)),
+                   key=lambda r: len(r.parts))
+        rest = folder.relative_to(ROOT / root).parts
+        named.add(".".join([roots[root], *rest]))
+    assert named - set(setuptools["packages"]) == set()

@@ -36,7 +36,7 @@ from kproxy.metrics import group_status
 from kproxy.metrics.exposition import GZIP_LEVEL, _collector_paused
 
 if TYPE_CHECKING:
-    from kproxy.runtime.workers import Supervisor
+    from kproxy.supervisor.workers import Supervisor
 
 log = logging.getLogger("kproxy.status")
 OPENMETRICS = "application/openmetrics-text"

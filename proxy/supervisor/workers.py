@@ -7,9 +7,9 @@ client connections over them (SO_REUSEPORT). It restarts a worker that dies (wit
 growing pause if it keeps dying), passes SIGHUP on to every worker (each reloads), and
 on SIGTERM/SIGINT asks every worker to drain and waits for them; a second SIGTERM/SIGINT
 kills them (stop now). Workers run in their own session
-(``kproxy.runtime.worker_link``), so a signal to the supervisor's process group reaches
+(``kproxy.supervisor.worker_link``), so a signal to the supervisor's process group reaches
 them once, through the supervisor. It serves the configured HTTP address itself
-(``kproxy.runtime.supervisor_http``): ``/metrics`` is every worker's exposition combined
+(``kproxy.supervisor.http``): ``/metrics`` is every worker's exposition combined
 into one, with their facts (``/internal/facts``: groups, telemetry instances) merged
 into one group model and one series per client instance
 (``kproxy.metrics.worker_merge``); ``/`` and ``/status.json`` every worker's status
@@ -18,7 +18,7 @@ closed, so no connection reaches it); and ``/admin/rebootstrap`` is passed to ev
 worker.
 
 Besides the ports, the workers share one thing: the connection counts, kept by the
-supervisor (``kproxy.runtime.admission_hub``; each worker asks over its own socket
+supervisor (``kproxy.supervisor.admission_hub``; each worker asks over its own socket
 pair before it serves a connection). A client connection and its upstream connection
 live in one worker, telemetry rate limits are per connection as a broker's are per
 broker, and subscription ids are a function of the subscription and the instance id,
@@ -47,8 +47,9 @@ from kproxy.http.history import History
 from kproxy.http.server import Handler, HttpRequest, HttpResponse, HttpServer
 from kproxy.metrics.worker_merge import WorkerMerge
 from kproxy.policies.groups import GroupLimits
-from kproxy.runtime import supervisor_http, worker_link
-from kproxy.runtime.admission_hub import AdmissionHub, channel_pair, worker_flags
+from kproxy.supervisor import http as supervisor_http
+from kproxy.supervisor import worker_link
+from kproxy.supervisor.admission_hub import AdmissionHub, channel_pair, worker_flags
 
 log = logging.getLogger("kproxy.workers")
 RESTART_PAUSE = 1.0  # first pause before restarting a worker that died
@@ -119,7 +120,7 @@ class Supervisor:
         self._limiter = trio.CapacityLimiter(max(4, count))
         self.merger = WorkerMerge(GroupLimits(cfg.group_max_groups, cfg.group_max_members))
         self.history = History()  # the whole proxy's last 15 minutes, for the status page
-        # The one count of open connections across workers (kproxy.runtime.admission_hub).
+        # The one count of open connections across workers (kproxy.supervisor.admission_hub).
         self.hub = AdmissionHub(cfg.max_connections, cfg.max_connections_per_source)
         # Admin calls made here are audited here; the workers log their own logins.
         self.audit = open_audit(cfg.audit_log, cfg.audit_log_max_bytes, cfg.audit_log_backups,
