@@ -29,6 +29,8 @@ class CompressionType(IntEnum):
     ZSTD = 4
 
 
+_BY_KIND = {int(ctype): ctype for ctype in CompressionType}
+
 class DecompressionLimitExceeded(CodecError):
     def __init__(self, codec: str, limit: int) -> None:
         super().__init__(f"{codec} payload expands past the limit of {limit} bytes",
@@ -77,10 +79,10 @@ def decompress(kind: int, data: bytes | memoryview, max_bytes: int) -> bytes:
 
 
 def _ctype(kind: int) -> CompressionType:
-    try:
-        return CompressionType(kind)
-    except ValueError:
-        raise CodecError(f"unsupported compression type {kind}", what="compression type") from None
+    ctype = _BY_KIND.get(kind)  # a dict: an Enum call costs a small push's 0.3 us
+    if ctype is None:
+        raise CodecError(f"unsupported compression type {kind}", what="compression type")
+    return ctype
 
 
 def _none(data: bytes, max_bytes: int) -> bytes:

@@ -8,7 +8,7 @@ order) and whether a Produce request wants an answer at all (``acks=0`` does not
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kproxy.codecs.api_keys import PRODUCE, api_name, is_flexible
 from kproxy.codecs.errors import CodecError
@@ -16,8 +16,10 @@ from kproxy.codecs.headers import read_request_header, read_response_header
 from kproxy.codecs.primitives import Reader
 
 
-@dataclass(frozen=True, slots=True)
-class RequestPeek:
+class RequestPeek(NamedTuple):
+    """One per request relayed: a named tuple, made in a third of the time a frozen
+    dataclass takes (its ``__init__`` sets each field through ``object.__setattr__``)."""
+
     api_key: int
     api_version: int
     correlation_id: int
