@@ -62,6 +62,9 @@ class UserStore:
         self._decoy_key = _decoy_key(users)
         self._plain_decoy = _usual_stored_key(users)
         self._scram_shapes = {m: _usual_shape(users, m) for m in SCRAM_MECHANISMS}
+        # Password users beside users with stored keys only: each PLAIN login derives.
+        self.mixed = self._plain_decoy is not None and any(
+            user.password is not None for user in users.values())
 
     def __len__(self) -> int:
         return len(self.users)

@@ -7,6 +7,7 @@ JWKS as the process last fetched it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -15,13 +16,21 @@ from kproxy.auth.jwks import JwksCache
 from kproxy.config.settings import Config
 from kproxy.policies.auth.handlers import SaslSettings
 from kproxy.policies.auth.oauth import OAuthExchange, OAuthSettings
-from kproxy.policies.auth.sasl import OAUTHBEARER, Exchange, exchange_factory
+from kproxy.policies.auth.sasl import OAUTHBEARER, PLAIN, Exchange, exchange_factory
+
+log = logging.getLogger("kproxy")
 
 
 def sasl_settings(config: Config, jwks: JwksCache | None) -> SaslSettings:
     """What a login reads, from a (re)loaded configuration: the users file as read, the
     OAUTHBEARER checks with the JWKS as last fetched."""
     users = config.identity.users
+    if users is not None and users.mixed and PLAIN in config.sasl_mechanisms:
+        log.warning("the users file holds password users beside users with stored SCRAM "
+                    "keys only: every PLAIN login now derives a key (over a decoy for a "
+                    "password user, so that no answer tells the two kinds apart); give "
+                    "every user stored keys, or none", extra={"fields": {
+                        "users_file": config.sasl_users_file}})
     others: dict[str, Callable[[], Exchange]] = {}
     if jwks is not None and config.sasl_oauthbearer_issuer and config.sasl_oauthbearer_audience:
         oauth = OAuthSettings(config.sasl_oauthbearer_issuer, config.sasl_oauthbearer_audience,

@@ -201,6 +201,7 @@ failed_login_delay = {delay}
     with kproxy_process(shared_tansu.bootstrap, tmp_path, "--config",
                         str(tmp_path / "kproxy.toml")) as kp:
         assert len(kp.worker_pids()) >= 2  # the default: one per core
+        assert "password users beside users with stored SCRAM keys" in kp.log()
         for _ in range(40):  # connections land on either worker; 40 misses one 1 in 10^11
             assert (await login(b"\0bob\0bob-secret"))[0] == ErrorCode.NONE
             if len(ok_pids()) == 2:

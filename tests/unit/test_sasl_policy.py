@@ -154,6 +154,7 @@ def test_an_unknown_plain_name_derives_as_long_as_a_known_one(
         assert step.pending is not None
         assert step.pending.settle(step.pending.check()).principal == principal
     assert derivations == [("sha512", 5000)] * 2
+    assert mixed.mixed and not store.mixed and not parse_users(PASSWORDS_ONLY).mixed
     # with no stored-key user, no check derives: an unknown name is refused at once
     step = PlainExchange(parse_users('[users.alice]\npassword = "a"\n')).step(b"\0mallory\0pw")
     assert step.pending is None and step.error
