@@ -31,6 +31,7 @@ class CompressionType(IntEnum):
 
 _BY_KIND = {int(ctype): ctype for ctype in CompressionType}
 
+
 class DecompressionLimitExceeded(CodecError):
     def __init__(self, codec: str, limit: int) -> None:
         super().__init__(f"{codec} payload expands past the limit of {limit} bytes",

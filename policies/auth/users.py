@@ -77,41 +77,33 @@ class UserStore:
         unknown name's and a password user's over a decoy), so that none is answered
         sooner than theirs."""
         user = self.users.get(name)
-        if user is None:
-            if self._plain_decoy is None:
-                return False
-            # As long as a stored-key user's check: an unknown name must not answer sooner.
-            mechanism, shape = self._plain_decoy
-            return partial(_derives_then, mechanism, self.decoy(name, mechanism, shape),
-                           password, False)
-        if user.password is not None:
-            holds = hmac.compare_digest(user.password.encode(), password.encode())
-            if self._plain_decoy is None:
-                return holds
-            # Beside stored-key users, a password user's answer waits for a derivation
-            # too: else a quick answer names it a user.
-            mechanism, shape = self._plain_decoy
-            return partial(_derives_then, mechanism, self.decoy(name, mechanism, shape),
-                           password, holds)
-        for mechanism, cred in user.scram.items():
-            return partial(_derives_stored_key, mechanism, cred, password)
-        return False
+        if user is not None and user.password is None:
+            for mechanism, cred in user.scram.items():
+                return partial(_derives_stored_key, mechanism, cred, password)
+        holds = user is not None and user.password is not None and hmac.compare_digest(
+            user.password.encode(), password.encode())
+        if self._plain_decoy is None:
+            return holds
+        # An unknown name or a password user beside stored-key users: the answer waits
+        # for a derivation too, else a quick one tells the kinds apart.
+        mechanism, shape = self._plain_decoy
+        return partial(_derives_then, mechanism, self.decoy(name, mechanism, shape),
+                       password, holds)
 
     def scram_credential(self, name: str, mechanism: str) -> ScramCredential:
         """The user's credential for ``mechanism``, derived from a password once; for
-        an unknown name, a decoy nobody can match (see ``decoy``)."""
+        an unknown name, or a user with keys for the other mechanism only, a decoy
+        nobody can match (see ``decoy``)."""
         user = self.users.get(name)
-        if user is None:
-            return self.decoy(name, mechanism, self._scram_shapes[mechanism])
-        cred = user.scram.get(mechanism)
-        if cred is None and user.password is not None:
+        cred = None if user is None else user.scram.get(mechanism)
+        if cred is None and user is not None and user.password is not None:
             # Salted as a decoy is: the same in every worker (a salt that changed from
             # one worker to the next would tell a password user from an unknown name).
             salt, stored, server, i = scramp.ScramMechanism(mechanism).make_auth_info(
                 user.password, iteration_count=_DEFAULT_SHAPE[0],
-                salt=self.decoy(name, mechanism, _DEFAULT_SHAPE).salt)
+                salt=self._decoy_salt(name, mechanism, _DEFAULT_SHAPE[1]))
             cred = user.scram[mechanism] = ScramCredential(salt, stored, server, i)
-        if cred is None:  # stored keys for the other mechanism only
+        if cred is None:
             return self.decoy(name, mechanism, self._scram_shapes[mechanism])
         return cred
 
@@ -121,9 +113,11 @@ class UserStore:
         every login: an unknown name then looks like a known one to a client that
         watches the salt, the iteration count or the time a PLAIN check takes."""
         iterations, salt_length = shape
-        salt = hmac.digest(self._decoy_key, f"{mechanism}\0{name}".encode(), "sha256")
-        return ScramCredential(salt[:salt_length], os.urandom(64), os.urandom(64),
-                               iterations)
+        return ScramCredential(self._decoy_salt(name, mechanism, salt_length),
+                               os.urandom(64), os.urandom(64), iterations)
+
+    def _decoy_salt(self, name: str, mechanism: str, length: int) -> bytes:
+        return hmac.digest(self._decoy_key, f"{mechanism}\0{name}".encode(), "sha256")[:length]
 
 
 _DEFAULT_SHAPE = (MIN_ITERATIONS, 32)  # (iterations, salt bytes) a password user's keys get
