@@ -194,13 +194,14 @@ class MetadataResponse:
         shared = conn.shared
         # A connection a change ended already counted its outcome: the answer it still
         # awaited is relayed, and it is not told (or closed as legacy) a second time.
+        view = shared.view
         action = Action.NONE if conn.ended_by_change else metadata_action(
-            conn.saw_topology(), shared.epoch, api_version, shared.legacy_clients)
+            conn.saw_topology(), view.epoch, api_version, shared.legacy_clients)
         rewritten = self._rewritten(conn, api_version, upstream_version, body,
                                     inject=action is Action.INJECT)
         change = shared.learn(rewritten.seen, conn.connected_epoch)
         # This response is the client's view from now on (even if it just moved the epoch).
-        conn.topology_epoch = shared.epoch
+        conn.topology_epoch = view.epoch
         return Handled(bytes(body[:4]) + rewritten.tail, rewritten.seen, change, action,
                        close_after=action is Action.CLOSE)
 
@@ -212,7 +213,8 @@ class MetadataResponse:
         cache = shared.rewrites
         key = None
         if not inject and len(body) <= cache.max_entry_bytes:
-            key = rewrite_key(body[4:], upstream_version, api_version, shared.port_map)
+            key = rewrite_key(body[4:], upstream_version, api_version,
+                              shared.port_map_generation)
             if (hit := cache.get(key)) is not None:
                 return hit
         resp = decode_response(body, api_keys.METADATA, upstream_version, METADATA_OPAQUE)

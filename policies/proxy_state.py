@@ -42,6 +42,9 @@ class ProxyState:
     # follows it lands, a bootstrap connection reaching the new list already talks to
     # the backend that change describes.
     relisted_at: int | None = None
+    # The port map as a cached rewrite's key names it: a number that changes with it
+    # (hashing the map itself, a dataclass, took two Python calls a Metadata answer).
+    port_map_generation: int = 0
 
     @property
     def epoch(self) -> int:
@@ -60,6 +63,7 @@ class ProxyState:
         """SNI routing listens on a port the OS picked: advertise that one."""
         if self.port_map.sni is not None:
             self.port_map = replace(self.port_map, sni=replace(self.port_map.sni, port=port))
+            self.port_map_generation += 1
 
     def learn(self, seen: Seen, connected_epoch: int | None = None) -> Change | None:
         """Merge what a response (or discovery, with no epoch) said about the backend.

@@ -4,7 +4,8 @@ Clients poll Metadata, and a steady cluster answers with the same bytes every ti
 the correlation id aside. Decoding, rewriting and encoding such a response is the
 largest per-request cost of the relay, so the result is kept, keyed by everything
 it depends on: the backend's bytes after the correlation id, the versions read and
-written, and the port map (a reload that moves ports misses the old entries). The
+written, and the port map (named by ``ProxyState.port_map_generation``, which moves
+when the map does, so a moved port misses the old entries). The
 cache is bounded in entries and in bytes, least recently used out first.
 
 The backend's bytes depend on what clients ask (topic names), so they are not kept
@@ -25,7 +26,7 @@ from kproxy.policies.rewrite import Seen
 DEFAULT_MAX_ENTRIES = 64
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, counted against max_bytes
-# A digest of the backend's bytes, the versions read and written, the port map.
+# A digest of the backend's bytes, the versions read and written, the port map's name.
 RewriteKey = tuple[bytes, int, int, Hashable]
 
 

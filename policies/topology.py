@@ -64,10 +64,12 @@ class BackendView:
         """
         before = self.nodes
         if (not cluster_id or cluster_id == self.cluster_id) and (
-                nodes == before if complete
+                nodes is before or nodes == before if complete
                 else all(before.get(n) == a for n, a in nodes.items())):
             return None  # what the view holds already, racks too: a steady cluster's answer
-        after = dict(nodes) if complete else {**before, **nodes}
+        # Kept as given when complete (never mutated, here or where it came from): the
+        # next steady answer, a cached rewrite's same dict, is then told by identity.
+        after = nodes if complete else {**before, **nodes}
         added = {n: a for n, a in after.items() if n not in before}
         removed = {n: a for n, a in before.items() if n not in after}
         moved = {n: (before[n], a) for n, a in after.items()

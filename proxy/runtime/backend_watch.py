@@ -86,7 +86,12 @@ class BackendWatch:
         if known != self._known:  # a gauge set takes a lock: not on every response
             self._known = known
             self.metrics.brokers_known.set(known)
-        return change is not None or not all(w.in_step() for w in self.watchers)
+        if change is not None:
+            return True
+        for watcher in self.watchers:  # noqa: SIM110 (no generator: this runs per response)
+            if not watcher.in_step():
+                return True
+        return False
 
     async def catch_up(self, change: Change | None) -> None:
         """Fan ``change`` out (if any) and bring every watcher in step with the view

@@ -155,13 +155,18 @@ class Turns(trio.abc.Instrument):
         if self._asks["lane"] or not self._turn.acquire(blocking=False):
             self._take("trio", "lane")
 
-    # The lane's side: ``with turns:`` around a batch.
+    # The lane's side: ``with turns:`` around a batch, the usual case inline as trio's.
 
     def __enter__(self) -> None:
-        self._take("lane", "trio")
+        if self._asks["trio"] or not self._turn.acquire(blocking=False):
+            self._take("lane", "trio")
 
     def __exit__(self, *exc: object) -> None:
-        self._give("lane", "trio")
+        self._turn.release()
+        if self._asks["trio"]:
+            with self._cond:
+                self._next = "trio"
+                self._cond.notify()
 
 
 class ExpressLane:
@@ -240,8 +245,9 @@ def relay_requests(session: Session, client: SocketTransport, upstream: SocketTr
     out: list[Buffer] = []
     pos = taken = answered = 0
     began = time.monotonic()
-    room = session.config.max_inflight - len(ordered)
-    for start, size in _whole_frames(view, session.config.max_frame_bytes):
+    config = session.services.config  # read each time: a reload applies
+    room = config.max_inflight - len(ordered)
+    for start, size in _whole_frames(view, config.max_frame_bytes):
         if taken >= room:
             break
         body = view[start:start + size]
@@ -308,7 +314,7 @@ def relay_responses(session: Session, client: SocketTransport, upstream: SocketT
     view = memoryview(data)
     pos = 0
     needs_trio = False
-    for start, size in _whole_frames(view, session.config.max_frame_bytes):
+    for start, size in _whole_frames(view, session.services.config.max_frame_bytes):
         body = view[start:start + size]
         try:
             correlation_id = peek_correlation_id(body)
