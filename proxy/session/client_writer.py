@@ -142,7 +142,9 @@ class ClientWriter:
         parts = self._take_ready()
         if parts:
             assert isinstance(self.transport, SocketTransport)  # only such sessions park
-            self.pending = tuple(bytes(b) for b in self.transport.write_now(coalesce(parts)))
+            rest = self.transport.write_now(coalesce(parts))
+            if rest:  # the kernel did not take it all: kept, copied, for ``flush``
+                self.pending = tuple(bytes(b) for b in rest)
 
     async def flush(self) -> None:
         """Write every answer that is ready at the head of the order."""
