@@ -5,7 +5,8 @@ mechanism, stored credentials (``[users.NAME.scram_sha_256]`` with ``salt``,
 ``iterations``, ``stored_key``, ``server_key``; base64 as Kafka's ``kafka-configs``
 prints them). Stored credentials keep passwords off the proxy's disk; PLAIN then
 checks a password by deriving its key with the stored salt. SCRAM credentials for a
-``password`` user are derived once, on first use, and kept.
+``password`` user are derived once and kept: by ``derive_password_keys`` before the
+store serves a login (the proxy runs it in a thread), else at first use.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import hmac
 import os
 import tomllib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -97,14 +98,32 @@ class UserStore:
         user = self.users.get(name)
         cred = None if user is None else user.scram.get(mechanism)
         if cred is None and user is not None and user.password is not None:
-            # Salted as a decoy is: the same in every worker (a salt that changed from
-            # one worker to the next would tell a password user from an unknown name).
-            salt, stored, server, i = scramp.ScramMechanism(mechanism).make_auth_info(
-                user.password, iteration_count=_DEFAULT_SHAPE[0],
-                salt=self._decoy_salt(name, mechanism, _DEFAULT_SHAPE[1]))
-            cred = user.scram[mechanism] = ScramCredential(salt, stored, server, i)
+            cred = self._derive(user, mechanism)
         if cred is None:
             return self.decoy(name, mechanism, self._scram_shapes[mechanism])
+        return cred
+
+    def derive_password_keys(self, mechanisms: Iterable[str]) -> int:
+        """Derive every ``password`` user's credentials for ``mechanisms`` now (each a
+        PBKDF2 of 1 to 3 ms), so that no SCRAM login derives: a first login that took
+        a derivation longer than an unknown name's would tell the name is a user's.
+        Returns how many it derived. Safe in a thread before the store serves logins."""
+        derived = 0
+        for mechanism in mechanisms:
+            for user in self.users.values():
+                if user.password is not None and mechanism not in user.scram:
+                    self._derive(user, mechanism)
+                    derived += 1
+        return derived
+
+    def _derive(self, user: User, mechanism: str) -> ScramCredential:
+        # Salted as a decoy is: the same in every worker (a salt that changed from one
+        # worker to the next would tell a password user from an unknown name).
+        assert user.password is not None
+        salt, stored, server, i = scramp.ScramMechanism(mechanism).make_auth_info(
+            user.password, iteration_count=_DEFAULT_SHAPE[0],
+            salt=self._decoy_salt(user.name, mechanism, _DEFAULT_SHAPE[1]))
+        cred = user.scram[mechanism] = ScramCredential(salt, stored, server, i)
         return cred
 
     def decoy(self, name: str, mechanism: str, shape: tuple[int, int]) -> ScramCredential:

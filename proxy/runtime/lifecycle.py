@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from kproxy.auth.logins import derive_password_keys
 from kproxy.config.settings import RESTART_ONLY, Config, ConfigError, option_value
 from kproxy.config.virtual_clusters import reload_change
 from kproxy.runtime.tls import server_context, upstream_context
@@ -36,8 +37,9 @@ async def handle_signals(proxy: Proxy) -> None:
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
                 if signum == signal.SIGHUP:
-                    await proxy.started.wait()  # a reload needs what start-up opens
-                    await reload(proxy)
+                    # In a task of its own: a reload may take seconds (a users file's
+                    # keys derived first), and a SIGTERM meanwhile must not wait.
+                    nursery.start_soon(_reload_once_started, proxy)
                     continue
                 if stopping:  # a worker: an echo of the stop it is draining for
                     log.info("already draining; the supervisor decides when to stop now")
@@ -74,8 +76,19 @@ async def watch_config(proxy: Proxy, file: ConfigFile) -> None:
             await reload(proxy)
 
 
+async def _reload_once_started(proxy: Proxy) -> None:
+    await proxy.started.wait()  # a reload needs what start-up opens
+    await reload(proxy)
+
+
 async def reload(proxy: Proxy) -> bool:
-    """Re-read the configuration; a bad one is rejected and the running one kept."""
+    """Re-read the configuration; a bad one is rejected and the running one kept.
+    One at a time, in the order asked: a later file never applies before an earlier."""
+    async with proxy.reload_lock:
+        return await _reload(proxy)
+
+
+async def _reload(proxy: Proxy) -> bool:
     if proxy.reload_config is None:
         log.warning("reload requested but this proxy was not started from a config")
         return False
@@ -95,6 +108,9 @@ async def reload(proxy: Proxy) -> bool:
         log.error("config reload rejected; keeping the running config",
                   extra={"fields": {"error": str(exc)}})
         return False
+    # The new users' keys derived before the new file serves a login (the running
+    # one serves meanwhile).
+    await derive_password_keys(new)
     proxy.server_tls = server_tls
     proxy.rotation.tls = upstream_tls
     await apply(proxy, new)

@@ -24,7 +24,7 @@ from kproxy.archive import ArchiveCollector, ArchiveSettings, ArchiveWriter
 from kproxy.auth.admin_token import AdminToken
 from kproxy.auth.audit import DenialReporter, open_audit
 from kproxy.auth.jwks import JwksCache
-from kproxy.auth.logins import sasl_settings
+from kproxy.auth.logins import derive_password_keys, sasl_settings
 from kproxy.codecs import api_keys
 from kproxy.config.settings import Config
 from kproxy.context import SessionServices
@@ -168,6 +168,7 @@ class Proxy:
         self.http_fd: int | None = None  # a worker's HTTP listener, opened by its supervisor
         self._stop = trio.Event()
         self.started = trio.Event()  # listening, the backend discovered once
+        self.reload_lock = trio.Lock()  # reloads one at a time (lifecycle.reload)
         self.sessions_nursery: trio.Nursery | None = None
         self._bootstrap_scope = trio.CancelScope()
 
@@ -214,6 +215,7 @@ class Proxy:
     async def run(self, *, handle_signals: bool = True,
                   task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
         await self.admission.plan(self.config)
+        await derive_password_keys(self.config)  # before any login can need them
         if self.telemetry is not None:  # small pushes are charged in the lane's thread too
             self.telemetry.pacer.clock = trio.lowlevel.current_clock().current_time
         if self.archive is not None:

@@ -212,6 +212,19 @@ def test_a_scram_name_gets_one_salt_from_every_worker(
     assert _scram_salt(kp, "trudy")[0] != salt
 
 
+DERIVED = "derived the SCRAM keys of the users file's password users keys="
+
+
+def test_every_worker_derives_password_keys_before_a_login(
+        proxy: tuple[KproxyProcess, Path]) -> None:
+    """Each worker derives the password users' SCRAM keys at start, in a thread, before
+    it serves a login (two users, two SCRAM mechanisms: four keys each): none is
+    derived at a first login, whose answer would then come a derivation later than an
+    unknown name's."""
+    kp, _ = proxy
+    assert kp.log().count(DERIVED + "4 ") == len(kp.worker_pids()) == 2, kp.log()[-3000:]
+
+
 def test_requests_before_login_and_malformed_frames_are_refused(
         proxy: tuple[KproxyProcess, Path]) -> None:
     kp, _ = proxy
@@ -269,6 +282,7 @@ def test_sighup_reloads_the_users_file(proxy: tuple[KproxyProcess, Path]) -> Non
     kp.process.send_signal(signal.SIGHUP)
     wait_until(lambda: sum(r["event"] == "config_reload" and r["outcome"] == "applied"
                            for r in audit_records(tmp)) >= 2)  # both workers
+    assert kp.log().count(DERIVED + "6 ") == 2  # before each applied it: carol's too
     admin = AdminClient(_ck(kp, "SCRAM-SHA-512", "carol", "carol-secret"))
     assert admin.list_topics(timeout=20).brokers
 

@@ -126,6 +126,34 @@ def test_an_unknown_scram_name_looks_like_a_known_one() -> None:
     assert _scram_login("SCRAM-SHA-256", "nobody", "x")[0] is None
 
 
+def test_password_keys_derived_ahead_leave_no_derivation_to_a_login(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``derive_password_keys`` (run by the proxy in a thread before the file serves a
+    login) derives each password user's keys once per mechanism asked, and none for
+    stored keys; a login then derives nothing, so its answer comes as soon as an
+    unknown name's. The keys are those a first login would have derived."""
+    derivations: list[str] = []
+    real = hashlib.pbkdf2_hmac
+
+    def counted(name: str, password: bytes, salt: bytes, iterations: int) -> bytes:
+        derivations.append(name)
+        return real(name, password, salt, iterations)
+
+    text = USERS + _stored("bob", "SCRAM-SHA-256", "pw", 4096, bytes(32))
+    lazily = parse_users(text)
+    expected = _server_first(lazily, "SCRAM-SHA-512", "alice")
+    store = parse_users(text)
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    password_users = [u for u in store.users.values() if u.password is not None]
+    assert store.derive_password_keys(["SCRAM-SHA-512"]) == len(password_users) > 0
+    assert derivations == ["sha512"] * len(password_users)
+    assert store.derive_password_keys(["SCRAM-SHA-512"]) == 0  # kept: never twice
+    derivations.clear()
+    assert _server_first(store, "SCRAM-SHA-512", "alice") == expected
+    assert _server_first(store, "SCRAM-SHA-512", "nobody")[1] == expected[1]
+    assert derivations == []
+
+
 def test_an_unknown_plain_name_derives_as_long_as_a_known_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """PLAIN against stored keys: an unknown name's check derives a key over the store's
