@@ -222,7 +222,7 @@ def test_every_worker_derives_password_keys_before_a_login(
     derived at a first login, whose answer would then come a derivation later than an
     unknown name's."""
     kp, _ = proxy
-    assert kp.log().count(DERIVED + "4 ") == len(kp.worker_pids()) == 2, kp.log()[-3000:]
+    assert kp.log().count(DERIVED + "4 ") == len(kp.worker_pids()) >= 2, kp.log()[-3000:]
 
 
 def test_requests_before_login_and_malformed_frames_are_refused(
@@ -280,9 +280,11 @@ def test_sighup_reloads_the_users_file(proxy: tuple[KproxyProcess, Path]) -> Non
     kp, tmp = proxy
     (tmp / "users.toml").write_text(USERS + '[users.carol]\npassword = "carol-secret"\n')
     kp.process.send_signal(signal.SIGHUP)
+    workers = len(kp.worker_pids())
     wait_until(lambda: sum(r["event"] == "config_reload" and r["outcome"] == "applied"
-                           for r in audit_records(tmp)) >= 2)  # both workers
-    assert kp.log().count(DERIVED + "6 ") == 2  # before each applied it: carol's too
+                           for r in audit_records(tmp)) >= workers >= 2)  # every worker
+    # Each derived carol's keys too, before it applied the file.
+    assert kp.log().count(DERIVED + "6 ") == workers
     admin = AdminClient(_ck(kp, "SCRAM-SHA-512", "carol", "carol-secret"))
     assert admin.list_topics(timeout=20).brokers
 
