@@ -103,15 +103,27 @@ class UserStore:
             return self.decoy(name, mechanism, self._scram_shapes[mechanism])
         return cred
 
-    def derive_password_keys(self, mechanisms: Iterable[str]) -> int:
+    def derive_password_keys(self, mechanisms: Iterable[str],
+                             previous: UserStore | None = None) -> int:
         """Derive every ``password`` user's credentials for ``mechanisms`` now (each a
         PBKDF2 of 1 to 3 ms), so that no SCRAM login derives: a first login that took
         a derivation longer than an unknown name's would tell the name is a user's.
-        Returns how many it derived. Safe in a thread before the store serves logins."""
+        Keys ``previous`` (the store this one replaces) derived are taken as they are
+        when they would come out the same: the same users' secrets (so the same salts)
+        and the same password. Returns how many it derived. Safe in a thread before
+        the store serves logins."""
+        kept = (previous.users if previous is not None
+                and hmac.compare_digest(previous._decoy_key, self._decoy_key) else {})
         derived = 0
         for mechanism in mechanisms:
             for user in self.users.values():
-                if user.password is not None and mechanism not in user.scram:
+                if user.password is None or mechanism in user.scram:
+                    continue
+                before = kept.get(user.name)
+                if (before is not None and before.password == user.password
+                        and mechanism in before.scram):
+                    user.scram[mechanism] = before.scram[mechanism]
+                else:
                     self._derive(user, mechanism)
                     derived += 1
         return derived

@@ -24,18 +24,22 @@ from kproxy.policies.auth.users import SCRAM_MECHANISMS
 log = logging.getLogger("kproxy")
 
 
-async def derive_password_keys(config: Config) -> None:
+async def derive_password_keys(config: Config, running: Config | None = None) -> None:
     """Derive every ``password`` user's SCRAM keys before the users file serves a login
     (at start, and at a reload before it applies), in a thread: derived at a first
     login instead, on the loop, that login's answer came a derivation later than an
     unknown name's, which told the name was a user's. Each key is a PBKDF2 of 4,096
-    iterations (1 to 3 ms); users with stored keys need none."""
+    iterations (1 to 3 ms); users with stored keys need none, and at a reload
+    (``running``: the configuration it replaces) a file whose users did not change
+    takes the keys already derived."""
     users = config.identity.users
     mechanisms = [m for m in config.sasl_mechanisms if m in SCRAM_MECHANISMS]
     if not config.sasl_terminate or users is None or not mechanisms:
         return
+    previous = running.identity.users if running is not None else None
     began = time.monotonic()
-    derived = await trio.to_thread.run_sync(users.derive_password_keys, mechanisms)
+    derived = await trio.to_thread.run_sync(users.derive_password_keys, mechanisms,
+                                            previous)
     if derived:
         log.info("derived the SCRAM keys of the users file's password users",
                  extra={"fields": {"keys": derived,

@@ -109,8 +109,8 @@ async def _reload(proxy: Proxy) -> bool:
                   extra={"fields": {"error": str(exc)}})
         return False
     # The new users' keys derived before the new file serves a login (the running
-    # one serves meanwhile).
-    await derive_password_keys(new)
+    # one serves meanwhile); unchanged users keep the keys already derived.
+    await derive_password_keys(new, proxy.config)
     proxy.server_tls = server_tls
     proxy.rotation.tls = upstream_tls
     await apply(proxy, new)

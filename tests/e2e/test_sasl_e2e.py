@@ -287,6 +287,13 @@ def test_sighup_reloads_the_users_file(proxy: tuple[KproxyProcess, Path]) -> Non
     assert kp.log().count(DERIVED + "6 ") == workers
     admin = AdminClient(_ck(kp, "SCRAM-SHA-512", "carol", "carol-secret"))
     assert admin.list_topics(timeout=20).brokers
+    # A reload with the same users derives nothing again: the keys carry over.
+    kp.process.send_signal(signal.SIGHUP)
+    wait_until(lambda: sum(r["event"] == "config_reload" and r["outcome"] == "applied"
+                           for r in audit_records(tmp)) >= 2 * workers)
+    assert kp.log().count(DERIVED) == 2 * workers  # the start's and the first reload's
+    admin = AdminClient(_ck(kp, "SCRAM-SHA-256", "carol", "carol-secret"))
+    assert admin.list_topics(timeout=20).brokers
 
 
 def _http(kp: KproxyProcess, path: str, method: str = "GET",

@@ -152,6 +152,14 @@ def test_password_keys_derived_ahead_leave_no_derivation_to_a_login(
     assert _server_first(store, "SCRAM-SHA-512", "alice") == expected
     assert _server_first(store, "SCRAM-SHA-512", "nobody")[1] == expected[1]
     assert derivations == []
+    # A reloaded file with the same users takes the keys already derived; one whose
+    # users changed (so did every salt) derives them all again.
+    again = parse_users(text)
+    assert again.derive_password_keys(["SCRAM-SHA-512"], store) == 0 and derivations == []
+    assert again.users["alice"].scram == store.users["alice"].scram
+    changed = parse_users(text + '[users.carol]\npassword = "c"\n')
+    assert changed.derive_password_keys(["SCRAM-SHA-512"], store) == len(password_users) + 1
+    assert _server_first(changed, "SCRAM-SHA-512", "alice") != expected
 
 
 def test_an_unknown_plain_name_derives_as_long_as_a_known_one(
