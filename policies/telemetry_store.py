@@ -36,12 +36,21 @@ from kproxy.policies.bounds import (
 
 Kind = Literal["counter", "gauge", "histogram"]
 Labels = tuple[tuple[str, str], ...]
-SeriesKey = tuple[str, Labels]  # family name, labels
-# A histogram series' count, sum, bounds and per-bucket (not cumulative) counts.
-Hist = tuple[float, float, tuple[float, ...], tuple[float, ...]]
-NO_HIST: Hist = (0.0, 0.0, (), ())
+# A series' key: its family's name, then its labels' names and values in turn (the
+# instance's labels, then the point's attributes, sorted). Flat, of strings only, as is
+# ``Hist``: the collector untracks such a tuple in the first young collection it
+# survives. A tuple of tuples stays tracked until every level below it is untracked
+# (a collection a level, the outer first), so nested keys reached the oldest generation
+# still tracked, one per series: while a fleet grew, full collections came every few
+# hundred new series and walked them all with the loop held.
+SeriesKey = tuple[str, ...]
+# A histogram series' count, sum, bounds and per-bucket (not cumulative) counts, one
+# more bucket than bounds, in one flat tuple of floats (``hist_parts`` takes it apart).
+Hist = tuple[float, ...]
+NO_HIST: Hist = ()
 INSTANCE_LABELS = ("client_instance_id", "client_id", "client_software_name",
                    "client_software_version")
+INSTANCE_LABELS_END = 1 + 2 * len(INSTANCE_LABELS)  # where a key's attributes start
 _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 DEFAULT_MAX_SERIES_BYTES = 32 * 1024 * 1024  # estimated, see series_size
 DEFAULT_MAX_FAMILIES = 10_000
@@ -99,14 +108,14 @@ class InstanceSeries:
     ~100 ms at 250,000 series.
 
     A series is a slot ``i``, given in order as series are added and never freed (a
-    series only goes with its instance). ``index`` finds a slot by its key (tuples of
-    strings and ints: untracked, and so the dict, after a full collection); ``values``
-    holds counters' and gauges' values (an array: one object, with no object inside
-    for a collection to visit); ``hists`` a histogram's state (a tuple of floats,
-    replaced whole). ``heads`` and
-    ``tails`` hold the label text of the slots a scrape labelled, in slot order, as
-    tuples of strings (untracked): ``head`` the instance's labels (one string shared),
-    ``tail`` the point's attributes with a leading comma.
+    series only goes with its instance). ``index`` finds a slot by its key (a flat
+    tuple of strings: untracked after a young collection, and the dict after the next
+    full one); ``values`` holds counters' and gauges' values (an array: one object,
+    with no object inside for a collection to visit); ``hists`` a histogram's state (a
+    flat tuple of floats, replaced whole). ``heads`` and ``tails`` hold the label text
+    of the slots a scrape labelled, in slot order, as tuples of strings (untracked):
+    ``head`` the instance's labels (one string shared), ``tail`` the point's attributes
+    with a leading comma.
     """
 
     __slots__ = ("heads", "hists", "index", "tails", "values")
@@ -125,7 +134,7 @@ class InstanceSeries:
         return i
 
     def series(self, i: int) -> Series:
-        return Series(self.values[i], *self.hists.get(i, NO_HIST))
+        return Series(self.values[i], *hist_parts(self.hists.get(i, NO_HIST)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +199,27 @@ def series_size(key: SeriesKey) -> int:
     overhead. Of the text, the attributes' part (its ``tail``) is the series' own;
     the instance's part is one string per instance, already paid for by counting the
     instance's label strings in each of its series, which share them."""
-    attrs = key[1][len(INSTANCE_LABELS):]
-    return (SERIES_OVERHEAD + len(key[0]) + sum(map(len, chain.from_iterable(key[1])))
-            + TAIL_OVERHEAD + sum(len(k) + len(v) + 4 for k, v in attrs))
+    attrs = key[INSTANCE_LABELS_END:]
+    return (SERIES_OVERHEAD + sum(map(len, key))
+            + TAIL_OVERHEAD + sum(map(len, attrs)) + 2 * len(attrs))
+
+
+def labels_of(key: SeriesKey) -> Labels:
+    """A series key's labels as (name, value) pairs."""
+    return tuple(zip(key[1::2], key[2::2], strict=True))
+
+
+def hist_parts(hist: Hist) -> tuple[float, float, tuple[float, ...], tuple[float, ...]]:
+    """A histogram state's count, sum, bounds and per-bucket counts."""
+    if not hist:
+        return 0.0, 0.0, (), ()
+    bounds = (len(hist) - 3) // 2
+    return hist[0], hist[1], hist[2:2 + bounds], hist[2 + bounds:]
+
+
+def hist_buckets(hist: Hist) -> int:
+    """How many buckets a histogram state holds."""
+    return (len(hist) - 1) // 2 if hist else 0
 
 
 class MetricsStore:
@@ -282,8 +309,8 @@ class MetricsStore:
         push is then dropped rather than written into series nobody holds.
         """
         own = self._own(instance_id)
-        base = tuple((k, bounded(instance_labels.get(k, ""), MAX_LABEL_CHARS))
-                     for k in INSTANCE_LABELS)
+        base = tuple(chain.from_iterable(
+            (k, bounded(instance_labels.get(k, ""), MAX_LABEL_CHARS)) for k in INSTANCE_LABELS))
         for rm in resources:
             for scope in rm.scopes:
                 for metric in scope.metrics:
@@ -333,7 +360,7 @@ class MetricsStore:
             return None
         return family
 
-    def _ingest_points(self, own: InstanceSeries, base: Labels,
+    def _ingest_points(self, own: InstanceSeries, base: tuple[str, ...],
                        family: Family, metric: otlp.Metric, points: list[otlp.Point],
                        delta: bool, stats: IngestStats, noted: Noted | None) -> None:
         accumulate = delta and metric.temporality == "delta"
@@ -347,9 +374,9 @@ class MetricsStore:
             if len(items) > MAX_POINT_LABELS:
                 stats.labels_dropped += len(items) - MAX_POINT_LABELS
                 items = list(items)[:MAX_POINT_LABELS]  # type: ignore[assignment]
-            attrs = tuple(sorted((label_name(k), label_value(v)) for k, v in items)) if (
-                items) else ()
-            key = (family.name, base + attrs)
+            key = (family.name, *base, *chain.from_iterable(
+                sorted((label_name(k), label_value(v)) for k, v in items))) if items else (
+                family.name, *base)
             i = own.index.get(key)
             if i is None:
                 if self.total >= self.max_series:
@@ -380,20 +407,20 @@ class MetricsStore:
     def snapshot(self) -> list[tuple[Family, list[tuple[Labels, Series]]]]:
         grouped: dict[str, list[tuple[Labels, Series]]] = {}
         for own in self.series.values():
-            for (name, labels), i in own.index.items():
-                grouped.setdefault(name, []).append((labels, own.series(i)))
+            for key, i in own.index.items():
+                grouped.setdefault(key[0], []).append((labels_of(key), own.series(i)))
         return [(self.families[name], rows) for name, rows in sorted(grouped.items())]
 
 
 def _histogram(old: Hist | None, point: otlp.HistogramPoint, accumulate: bool) -> Hist:
-    """A histogram series' new state: a new tuple of untracked parts, never tracked
-    past the next young collection."""
+    """A histogram series' new state: a new flat tuple of floats (see ``Hist``)."""
     bounds = tuple(point.explicit_bounds)
     counts = [float(c) for c in point.bucket_counts]
     if len(counts) != len(bounds) + 1:
         counts = (counts + [0.0] * (len(bounds) + 1))[: len(bounds) + 1]
-    if accumulate and old is not None and old[2] == bounds and old[3]:
-        count, total, kept, buckets = old
-        return (count + point.count, total + (point.sum or 0.0), kept,
-                tuple(a + b for a, b in zip(buckets, counts, strict=True)))
-    return float(point.count), point.sum or 0.0, bounds, tuple(counts)
+    if accumulate and old:
+        count, total, kept, buckets = hist_parts(old)
+        if kept == bounds:
+            return (count + point.count, total + (point.sum or 0.0), *kept,
+                    *(a + b for a, b in zip(buckets, counts, strict=True)))
+    return float(point.count), point.sum or 0.0, *bounds, *counts

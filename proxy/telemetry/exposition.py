@@ -14,12 +14,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from kproxy.metrics.exposition import Piece, value_text
 from kproxy.policies.telemetry_store import (
-    INSTANCE_LABELS,
+    INSTANCE_LABELS_END,
     NO_HIST,
     Family,
     InstanceSeries,
-    Labels,
     cumulative_buckets,
+    hist_buckets,
+    hist_parts,
 )
 
 if TYPE_CHECKING:
@@ -61,16 +62,16 @@ class ClientMetricsCollector:
         # per family, no new container per series (a scrape must not feed the cyclic
         # garbage collector).
         grouped: dict[str, tuple[deque[InstanceSeries], deque[int]]] = {}
-        heads: dict[Labels, str] = {}  # label text made in this scrape, shared
-        tails: dict[Labels, str] = {}
+        heads: dict[tuple[str, ...], str] = {}  # label text made in this scrape, shared
+        tails: dict[tuple[str, ...], str] = {}
         copied = 0
         for own in list(store.series.values()):
             if len(own.tails) < len(own.index):
                 _label(own, heads, tails)
-            for (name, _), i in own.index.items():  # no yield inside: own is stable
-                found = grouped.get(name)
+            for key, i in own.index.items():  # no yield inside: own is stable
+                found = grouped.get(key[0])
                 if found is None:
-                    found = grouped[name] = (deque(), deque())
+                    found = grouped[key[0]] = (deque(), deque())
                 found[0].append(own)
                 found[1].append(i)
             copied += len(own.index)
@@ -84,7 +85,7 @@ class ClientMetricsCollector:
             family, (owners, slots) = families[name], grouped.pop(name)
             yield Metric(family.name, family.help, family.kind, family.unit)  # the header
             # About ``piece_rows`` lines a piece: a histogram series is a line a bucket.
-            lines = len(owners[0].hists.get(slots[0], NO_HIST)[3]) + 2 if (
+            lines = hist_buckets(owners[0].hists.get(slots[0], NO_HIST)) + 2 if (
                 family.kind == "histogram") else 1
             step = max(1, self.piece_rows // lines)
             while slots:
@@ -98,20 +99,22 @@ def _escape(value: str) -> str:
     return value
 
 
-def _label(own: InstanceSeries, heads: dict[Labels, str], tails: dict[Labels, str]) -> None:
+def _label(own: InstanceSeries, heads: dict[tuple[str, ...], str],
+           tails: dict[tuple[str, ...], str]) -> None:
     """Label text for an instance's series not labelled yet (the last slots): its
     instance's labels, then its point's attributes. Parts made in one scrape are
     shared: an instance's series hold one ``head`` string."""
-    n = len(INSTANCE_LABELS)
     new_heads, new_tails = [], []
-    for _, labels in islice(own.index, len(own.tails), None):
-        base, attrs = labels[:n], labels[n:]
+    for key in islice(own.index, len(own.tails), None):
+        base, attrs = key[1:INSTANCE_LABELS_END], key[INSTANCE_LABELS_END:]
         head = heads.get(base)
         if head is None:
-            head = heads[base] = ",".join(f'{k}="{_escape(v)}"' for k, v in base)
+            head = heads[base] = ",".join(
+                f'{k}="{_escape(v)}"' for k, v in zip(base[::2], base[1::2], strict=True))
         tail = tails.get(attrs)
         if tail is None:
-            tail = tails[attrs] = "".join(f',{k}="{_escape(v)}"' for k, v in attrs)
+            tail = tails[attrs] = "".join(
+                f',{k}="{_escape(v)}"' for k, v in zip(attrs[::2], attrs[1::2], strict=True))
         new_heads.append(head)
         new_tails.append(tail)
     own.heads += tuple(new_heads)
@@ -126,7 +129,7 @@ def _sample_lines(family: Family, series: list[tuple[InstanceSeries, int]]) -> s
         out: list[str] = []
         for own, i in series:
             text = own.heads[i] + own.tails[i]
-            count, total, bounds, buckets = own.hists.get(i, NO_HIST)
+            count, total, bounds, buckets = hist_parts(own.hists.get(i, NO_HIST))
             for le, running in cumulative_buckets(bounds, buckets):
                 out.append(f'{name}_bucket{{{text},le="{le}"}} {value_text(running)}\n')
             out.append(f"{name}_count{{{text}}} {value_text(count)}\n")
