@@ -69,11 +69,24 @@ GZIP_LEVEL = 1
 ZIP_BYTES = 16 * 1024
 _EOF = b"# EOF\n"
 
+
+
+class YoungCollection:
+    """A piece saying: collect the young generation here, if the walk paused the collector.
+
+    A source yields it where what it made since is garbage or new for good and none of
+    its big containers exist yet (telemetry's label text, made at a series' first
+    scrape): collected in small doses between pieces, not all at once after the walk.
+    """
+
+
+COLLECT_YOUNG = YoungCollection()
+
 # A piece: a metric family (rendered whole by prometheus_client: a small one, or a
 # large one's header alone), sample lines already formatted (they read the same in
-# both formats), or None: nothing to write, but a good moment to let the loop run
-# (a source copying its state in steps).
-Piece = Metric | str | None
+# both formats), ``COLLECT_YOUNG``, or None: nothing to write, but a good moment to
+# let the loop run (a source copying its state in steps).
+Piece = Metric | str | YoungCollection | None
 PieceSource = Callable[[], Iterator[Piece]]
 
 
@@ -152,11 +165,14 @@ class Exposition:
         for metric in self.registry.collect():  # the proxy's own: small families
             writer.family(metric)
             await writer.maybe_yield()
-        with _collector_paused():
+        with _collector_paused() as paused:
             for source in list(self.sources):
                 for piece in source():
                     if isinstance(piece, str):
                         writer.lines(piece)
+                    elif isinstance(piece, YoungCollection):
+                        if paused:
+                            gc.collect(0)
                     elif piece is not None:
                         writer.family(piece)
                     await writer.maybe_yield()
@@ -178,7 +194,7 @@ class Exposition:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def _collector_paused() -> Iterator[bool]:
     """No automatic cyclic garbage collection while the sources are walked.
 
     A source groups its series by family in containers that hold a reference to each
@@ -187,14 +203,15 @@ def _collector_paused() -> Iterator[None]:
     about 20 ms per container on this machine, twice per scrape, every connection
     waiting. The containers are gone when the walk ends; what the relay allocates meanwhile is
     collected as usual right after (the allocation count keeps growing while paused,
-    so the first allocation after it starts the collection that was due).
+    so the first allocation after it starts the collection that was due). Yields
+    whether it paused the collector.
     """
     if not gc.isenabled():  # someone else's choice: leave it
-        yield
+        yield False
         return
     gc.disable()
     try:
-        yield
+        yield True
     finally:
         gc.enable()
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from kproxy.metrics.exposition import Piece, value_text
+from kproxy.metrics.exposition import COLLECT_YOUNG, Piece, value_text
 from kproxy.policies.telemetry_store import (
     INSTANCE_LABELS_END,
     NO_HIST,
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 # Sample lines per piece of the /metrics exposition: the loop's slices end between
 # pieces, so a piece is what a slice can overrun its budget by (about 0.05 ms).
 PIECE_ROWS = 32
+# Series labelled between two young collections of a scrape's labelling (the tuples
+# they add hold twice as many references for the collection to walk).
+LABELS_PER_COLLECTION = 1024
 
 
 class ClientMetricsCollector:
@@ -58,15 +61,32 @@ class ClientMetricsCollector:
         yield GaugeMetricFamily("kproxy_telemetry_series", "Client metric series exported",
                                 service.store.total)
         store = service.store
+        instances = list(store.series.values())
+        # Label text for the series no scrape has labelled yet, first: each instance's
+        # new text comes in two tuples of a reference a series, which the young
+        # collection that meets them walks once (and untracks). Collected as they are
+        # made, a piece's worth at a time: left to the one after the walk, 600 new
+        # clients' (150,000 series) held the loop 2.3 to 3.6 ms in it.
+        heads: dict[tuple[str, ...], str] = {}  # label text made in this scrape, shared
+        tails: dict[tuple[str, ...], str] = {}
+        labelled = 0
+        for own in instances:
+            if len(own.tails) < len(own.index):
+                labelled += _label(own, heads, tails)
+                if labelled >= LABELS_PER_COLLECTION:
+                    labelled = 0
+                    yield COLLECT_YOUNG
+                else:
+                    yield None
+        if labelled:
+            yield COLLECT_YOUNG
         # Family name -> its series (their instances and slots, side by side): two deques
         # per family, no new container per series (a scrape must not feed the cyclic
         # garbage collector).
         grouped: dict[str, tuple[deque[InstanceSeries], deque[int]]] = {}
-        heads: dict[tuple[str, ...], str] = {}  # label text made in this scrape, shared
-        tails: dict[tuple[str, ...], str] = {}
         copied = 0
-        for own in list(store.series.values()):
-            if len(own.tails) < len(own.index):
+        for own in instances:
+            if len(own.tails) < len(own.index):  # arrived since the labelling above
                 _label(own, heads, tails)
             for key, i in own.index.items():  # no yield inside: own is stable
                 found = grouped.get(key[0])
@@ -100,10 +120,10 @@ def _escape(value: str) -> str:
 
 
 def _label(own: InstanceSeries, heads: dict[tuple[str, ...], str],
-           tails: dict[tuple[str, ...], str]) -> None:
+           tails: dict[tuple[str, ...], str]) -> int:
     """Label text for an instance's series not labelled yet (the last slots): its
     instance's labels, then its point's attributes. Parts made in one scrape are
-    shared: an instance's series hold one ``head`` string."""
+    shared: an instance's series hold one ``head`` string. Returns how many it labelled."""
     new_heads, new_tails = [], []
     for key in islice(own.index, len(own.tails), None):
         base, attrs = key[1:INSTANCE_LABELS_END], key[INSTANCE_LABELS_END:]
@@ -119,6 +139,7 @@ def _label(own: InstanceSeries, heads: dict[tuple[str, ...], str],
         new_tails.append(tail)
     own.heads += tuple(new_heads)
     own.tails += tuple(new_tails)
+    return len(new_tails)
 
 
 def _sample_lines(family: Family, series: list[tuple[InstanceSeries, int]]) -> str:

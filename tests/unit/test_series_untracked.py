@@ -13,8 +13,9 @@ import types
 import uuid
 
 from kproxy.codecs.otlp.model import decode_metrics_data
+from kproxy.metrics.exposition import Exposition
 from kproxy.metrics.proxy_metrics import ProxyMetrics
-from kproxy.telemetry.exposition import ClientMetricsCollector
+from kproxy.telemetry.exposition import LABELS_PER_COLLECTION, ClientMetricsCollector
 from kproxy.telemetry.service import TelemetryService
 
 from ..otlp_samples import librdkafka_like_payload
@@ -38,16 +39,28 @@ def _held(per_instance: int) -> tuple[TelemetryService, int]:
     return service, _tracked_from(service.store)
 
 
-def _filled(per_instance: int) -> TelemetryService:
-    """``_held``'s service, before any collection of its own."""
+def _ingested(per_instance: int) -> tuple[TelemetryService, ProxyMetrics]:
+    """A service holding ``INSTANCES`` x ``per_instance`` series, ingested cumulative,
+    never scraped; and the metrics its exposition is made of."""
     cfg = make_config("127.0.0.1:1", telemetry_max_series=INSTANCES * per_instance,
                       telemetry_max_series_bytes=2**32)
     metrics = ProxyMetrics()
     service = TelemetryService(cfg.telemetry, metrics)
     resources = decode_metrics_data(librdkafka_like_payload(points=per_instance - 2))
-    ids = [uuid.UUID(int=i + 1) for i in range(INSTANCES)]
-    for iid in ids:
+    for iid in _ids():
         service.store.ingest(iid, _labels(iid), resources, False)
+    return service, metrics
+
+
+def _ids() -> list[uuid.UUID]:
+    return [uuid.UUID(int=i + 1) for i in range(INSTANCES)]
+
+
+def _filled(per_instance: int) -> TelemetryService:
+    """``_held``'s service, before any collection of its own."""
+    service, metrics = _ingested(per_instance)
+    resources = decode_metrics_data(librdkafka_like_payload(points=per_instance - 2))
+    ids = _ids()
     collector = next(s for s in metrics.piece_sources if isinstance(s, ClientMetricsCollector))
     for _ in collector():  # a whole scrape: every series gets its label text
         pass
@@ -114,3 +127,34 @@ def test_new_series_leave_the_young_generations_untracked() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+async def test_a_scrape_collects_new_label_text_in_doses_as_it_makes_it() -> None:
+    """A series' label text, made at its first scrape, comes in two tuples an instance
+    with a reference a series; the young collection that meets them walks them. The
+    scrape collects them a few instances at a time as it makes them: all left to the
+    collection after the walk, 600 new clients' held the loop 2.3 to 3.6 ms in one go."""
+    per_instance = 300
+    service, metrics = _ingested(per_instance)
+    owners = list(service.store.series.values())
+    met: list[int] = []  # label tuples still tracked (young) as each collection starts
+
+    def watch(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            met.append(sum(gc.is_tracked(own.heads) + gc.is_tracked(own.tails)
+                           for own in owners))
+
+    enabled = gc.isenabled()
+    gc.enable()  # as in the proxy: the scrape pauses it for its walk
+    gc.callbacks.append(watch)
+    try:
+        await Exposition(metrics.registry, metrics.piece_sources).response({})
+    finally:
+        gc.callbacks.remove(watch)
+        if not enabled:
+            gc.disable()
+    assert all(len(own.tails) == len(own.index) == per_instance for own in owners)
+    assert not any(gc.is_tracked(own.heads) or gc.is_tracked(own.tails) for own in owners)
+    # At most the instances labelled between two collections (4 here), 2 tuples each;
+    # one collection for all would meet the 20 instances' 40.
+    assert met and max(met) <= 2 * (LABELS_PER_COLLECTION // per_instance + 1), met
