@@ -70,7 +70,6 @@ ZIP_BYTES = 16 * 1024
 _EOF = b"# EOF\n"
 
 
-
 class YoungCollection:
     """A piece saying: collect the young generation here, if the walk paused the collector.
 
