@@ -12,7 +12,7 @@ import gc
 import types
 import uuid
 
-from kproxy.codecs.otlp.model import decode_metrics_data
+from kproxy.codecs.otlp.model import ResourceMetrics, decode_metrics_data
 from kproxy.metrics.exposition import Exposition
 from kproxy.metrics.proxy_metrics import ProxyMetrics
 from kproxy.telemetry.exposition import LABELS_PER_COLLECTION, ClientMetricsCollector
@@ -39,9 +39,10 @@ def _held(per_instance: int) -> tuple[TelemetryService, int]:
     return service, _tracked_from(service.store)
 
 
-def _ingested(per_instance: int) -> tuple[TelemetryService, ProxyMetrics]:
+def _ingested(per_instance: int
+              ) -> tuple[TelemetryService, ProxyMetrics, list[ResourceMetrics]]:
     """A service holding ``INSTANCES`` x ``per_instance`` series, ingested cumulative,
-    never scraped; and the metrics its exposition is made of."""
+    never scraped; the metrics its exposition is made of; and what was ingested."""
     cfg = make_config("127.0.0.1:1", telemetry_max_series=INSTANCES * per_instance,
                       telemetry_max_series_bytes=2**32)
     metrics = ProxyMetrics()
@@ -49,7 +50,7 @@ def _ingested(per_instance: int) -> tuple[TelemetryService, ProxyMetrics]:
     resources = decode_metrics_data(librdkafka_like_payload(points=per_instance - 2))
     for iid in _ids():
         service.store.ingest(iid, _labels(iid), resources, False)
-    return service, metrics
+    return service, metrics, resources
 
 
 def _ids() -> list[uuid.UUID]:
@@ -58,8 +59,7 @@ def _ids() -> list[uuid.UUID]:
 
 def _filled(per_instance: int) -> TelemetryService:
     """``_held``'s service, before any collection of its own."""
-    service, metrics = _ingested(per_instance)
-    resources = decode_metrics_data(librdkafka_like_payload(points=per_instance - 2))
+    service, metrics, resources = _ingested(per_instance)
     ids = _ids()
     collector = next(s for s in metrics.piece_sources if isinstance(s, ClientMetricsCollector))
     for _ in collector():  # a whole scrape: every series gets its label text
@@ -135,7 +135,7 @@ async def test_a_scrape_collects_new_label_text_in_doses_as_it_makes_it() -> Non
     scrape collects them a few instances at a time as it makes them: all left to the
     collection after the walk, 600 new clients' held the loop 2.3 to 3.6 ms in one go."""
     per_instance = 300
-    service, metrics = _ingested(per_instance)
+    service, metrics, _ = _ingested(per_instance)
     owners = list(service.store.series.values())
     met: list[int] = []  # label tuples still tracked (young) as each collection starts
 
