@@ -179,6 +179,7 @@ class ConnectionState:
         "sasl",
         "session_expiry",
         "shared",
+        "telemetry_held_until",
         "topology_epoch",
         "upstream",
     )
@@ -211,6 +212,10 @@ class ConnectionState:
         self.sasl: Any = None
         self.session_expiry: float | None = None
         self.api_versions_used: dict[int, int] = {}  # highest version used per API
+        # After a push refused as INVALID_RECORD, which a client must take as the end of
+        # its telemetry: until then (the telemetry clock, ms; 0 none) this connection's
+        # telemetry requests are held and refused (``TelemetryService``).
+        self.telemetry_held_until = 0
         # Requests a handler keeps until their response, by correlation id (bounded by
         # the handler): group tracking needs the request's group id at the response.
         self.pending: dict[int, tuple[int, dict[str, Any]]] = {}

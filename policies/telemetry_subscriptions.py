@@ -88,6 +88,9 @@ class TelemetrySettings:
     max_instances: int = 100_000
     max_instance_bytes: int = DEFAULT_MAX_INSTANCE_BYTES
     decode_limits: DecodeLimits = DEFAULT_LIMITS
+    # How long a connection's telemetry requests are held after one of its pushes was
+    # refused as INVALID_RECORD (0: not at all).
+    refused_push_hold_ms: int = 1000
 
 
 @dataclass(frozen=True)

@@ -361,6 +361,10 @@ TELEMETRY_OPTIONS: tuple[Option, ...] = (
     _telemetry("telemetry_max_decompressed_bytes", parse_positive_int, 16 * 1024 * 1024,
                "largest push after decompression; a larger one is rejected as INVALID_RECORD",
                "BYTES"),
+    _telemetry("telemetry_refused_push_hold_ms", parse_non_negative_int, 1_000,
+               "after a push refused as INVALID_RECORD (which ends a client's telemetry), "
+               "that connection's telemetry requests are held this long and answered "
+               "THROTTLING_QUOTA_EXCEEDED; 0 turns the hold off", "MS"),
     _telemetry("telemetry_delta_temporality", parse_bool, False,
                "ask clients for delta sums (accumulated by the proxy) instead of cumulative",
                "on|off"),

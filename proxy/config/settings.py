@@ -275,7 +275,8 @@ def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
         max_decompressed_bytes=v["telemetry_max_decompressed_bytes"],
         delta_temporality=v["telemetry_delta_temporality"],
         compression_types=v["telemetry_compression_types"],
-        max_instances=v["telemetry_max_instances"])
+        max_instances=v["telemetry_max_instances"],
+        refused_push_hold_ms=v["telemetry_refused_push_hold_ms"])
     return TelemetryConfig(v["telemetry"], settings, v["telemetry_metric_prefix"],
                            v["telemetry_max_series"], v["telemetry_prometheus"],
                            v["telemetry_max_series_bytes"])

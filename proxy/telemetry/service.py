@@ -23,7 +23,8 @@ express lane's thread gets the interpreter, and all of it together takes at most
 ``DECODE_SHARE`` of a core over time. One paced push is
 decoded at a time (``DECODE_CONCURRENCY``); the connection that sent it waits for
 its answer, the others do not wait at all. A client's pushes are ingested in the
-order they came: while one of its pushes is paced, the next is paced behind it.
+order they came: while one of its pushes is paced, the next is paced behind it. After a
+push refused as INVALID_RECORD, its connection's telemetry is held (``refusal_hold``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from kproxy.policies.telemetry_store import IngestStats, MetricsStore
 from kproxy.telemetry.exposition import ClientMetricsCollector
 from kproxy.telemetry.idle_thread import IdleTime, IdleTimeCollector
 from kproxy.telemetry.pacing import Pacer, PacerCollector
+from kproxy.telemetry.refusal_hold import RefusalHold
 from kproxy.telemetry.vetting_process import VettingProcess
 
 log = logging.getLogger("kproxy.telemetry")
@@ -120,6 +122,8 @@ class TelemetryService:
             "helper was not available, or no core had time to spare for it; the push "
             "was decoded here only)", ["verdict"],
             registry=r)
+        self.hold = RefusalHold(lambda: self.state.settings.refused_push_hold_ms,
+                                self.clock_ms, r)
         self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
         self.pacer = Pacer(DECODE_SHARE)
         self.idle_time = IdleTime()  # whether the idle class has had time to spare
@@ -160,16 +164,24 @@ class TelemetryService:
                 "client_source_port": str(info.source_port)}
 
     def handle_get(self, session: ConnectionState, peek: RequestPeek,
-                   frame: memoryview) -> bytes:
+                   frame: memoryview) -> bytes | Awaitable[bytes]:
+        held = self.hold.remaining(session)
+        if held:
+            return self.hold.answer(peek, held, lambda ms: self._get_answer(
+                peek, policy.GetResult(policy.THROTTLING_QUOTA_EXCEEDED), ms))
         body = decode_request(frame).body
         result = self.state.get_subscriptions(body["client_instance_id"],
                                               self.attributes(session), self.clock_ms())
+        return self._get_answer(peek, result)
+
+    def _get_answer(self, peek: RequestPeek, result: policy.GetResult,
+                    throttle_ms: int = 0) -> bytes:
         self.requests.labels("GetTelemetrySubscriptions",
                              policy.ERROR_NAMES[result.error_code]).inc()
         settings = self.state.settings
         inst = result.instance
         reply = {
-            "throttle_time_ms": 0, "error_code": result.error_code,
+            "throttle_time_ms": throttle_ms, "error_code": result.error_code,
             "client_instance_id": inst.instance_id if inst else uuid.UUID(int=0),
             "subscription_id": inst.resolved.subscription_id if inst else 0,
             "accepted_compression_types": list(settings.compression_types),
@@ -184,7 +196,13 @@ class TelemetryService:
 
     def handle_push(self, session: ConnectionState, peek: RequestPeek,
                     frame: memoryview) -> bytes | Awaitable[bytes]:
-        """The answer at once when a check fails; else an awaitable that decodes first."""
+        """The answer at once when a check fails; else an awaitable that decodes first
+        (or, on a held connection, that waits out the hold)."""
+        held = self.hold.remaining(session)
+        if held:
+            return self.hold.answer(peek, held, lambda ms: self._answer(
+                session, peek, policy.PushResult(policy.THROTTLING_QUOTA_EXCEEDED,
+                                                 detail="connection held"), ms))
         body = decode_push(frame, peek.api_version, peek.body_offset)
         started = self.state.begin_push(
             body["client_instance_id"], body["subscription_id"], body["terminating"],
@@ -257,7 +275,11 @@ class TelemetryService:
                                  pending: policy.PendingPush, raw: bytes | None) -> bytes:
         try:
             async with self.decode_limiter:
-                result = await self._decode(pending, raw)
+                if self.hold.remaining(session):  # one of its pushes refused meanwhile
+                    result = policy.PushResult(policy.THROTTLING_QUOTA_EXCEEDED,
+                                               pending.instance, detail="connection held")
+                else:
+                    result = await self._decode(pending, raw)
                 if not result.error_code:
                     await self._accept(session, result)
         finally:
@@ -343,8 +365,10 @@ class TelemetryService:
                 self.dropped_other.labels(bound).inc(n)
 
     def _answer(self, session: ConnectionState, peek: RequestPeek,
-                result: policy.PushResult) -> bytes:
+                result: policy.PushResult, throttle_ms: int = 0) -> bytes:
         error = result.error_code
+        if error == policy.INVALID_RECORD:
+            self.hold.refused(session)
         answered = self._answered.get((error, result.compression_type))
         if answered is None:  # the counters' children, looked up once
             answered = self._answered[error, result.compression_type] = (
@@ -359,6 +383,10 @@ class TelemetryService:
         if error:
             log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
                 "error": policy.ERROR_NAMES[error], **session.log_fields()}})
+        if throttle_ms:
+            return encode_response_parts(api_keys.PUSH_TELEMETRY, peek.api_version,
+                                         peek.correlation_id,
+                                         {"throttle_time_ms": throttle_ms, "error_code": error})
         # The answer differs only in its correlation id, which opens every response
         # header: encoded once per version and error, then given the request's own.
         template = self._answers.get((peek.api_version, error))

@@ -98,12 +98,16 @@ def test_hostile_pushes_do_not_stall_a_producer_on_another_connection(
     connections, beside a live confluent-kafka producer: every delivery succeeds, every
     push is refused (by the vetting helper), no decode step holds the loop for long and
     decoding keeps to its share of the processor. The producer's p99 with and without is
-    printed; the ratio is a figure for `make bench`, not a verdict here."""
+    printed; the ratio is a figure for `make bench`, not a verdict here. The hold after a
+    refused push is off, so that the bombs reach the helper back to back: what is
+    bounded here is the path each bomb takes (the hold is tested at the default worker
+    count, below)."""
     topic = "bounded-hostile"
     # One worker: what is measured is a hostile pusher and a producer on two
     # connections of the same event loop; at two workers the kernel decides whether
     # they share one, and each run would measure a different thing.
-    with kproxy_process(shared_tansu.bootstrap, tmp_path, "--workers", "1") as kp:
+    with kproxy_process(shared_tansu.bootstrap, tmp_path, "--workers", "1",
+                        "--telemetry-refused-push-hold-ms", "0") as kp:
         _, text = kp.http_get("/metrics")
         started, cpu_before = time.monotonic(), metric_value(
             text, "kproxy_telemetry_decode_cpu_seconds_total")
@@ -180,6 +184,8 @@ def test_on_a_machine_with_no_idle_time_pushes_are_answered_without_waiting_for_
         def push(payload: bytes) -> tuple[int, float]:
             """A fresh instance's push of zstd ``payload``: its error code, and seconds."""
             got = conn.request(71, {"client_instance_id": uuid.UUID(int=0)})
+            if got["error_code"] == 89:  # held after a refused push: answered once it is out
+                got = conn.request(71, {"client_instance_id": uuid.UUID(int=0)})
             assert got["error_code"] == 0, got
             began = time.monotonic()
             answer = conn.request(72, {
@@ -218,22 +224,35 @@ def _cmdline(pid: int) -> bytes:
 
 def test_at_the_default_worker_count_helpers_refuse_bombs_and_end_with_the_proxy(
         shared_tansu: TansuBroker, tmp_path: Path) -> None:
-    """What users run (one worker per core): bombs on connections spread over the
-    workers are refused by the workers' vetting helpers, counted in the proxy's one
-    /metrics, and every helper ends when the proxy stops (SIGTERM, a drain)."""
+    """What users run (one worker per core, default settings): bombs on connections
+    spread over the workers are refused by the workers' vetting helpers, counted in the
+    proxy's one /metrics, and every helper ends when the proxy stops (SIGTERM, a
+    drain). After each refusal its connection's next telemetry request is held for
+    the hold (1 s) and refused, so each connection gets at most one bomb a second
+    refused, whatever its pace."""
+    connections, hold_s = 4, 1.0
+    held = 'kproxy_telemetry_requests_held_total{api="GetTelemetrySubscriptions"}'
     with kproxy_process(shared_tansu.bootstrap, tmp_path) as kp:
-        pusher = hostile_pusher.start(kp.bootstrap_port, 4)
+        started = time.monotonic()
+        pusher = hostile_pusher.start(kp.bootstrap_port, connections)
         try:
             seen = wait_until(lambda: helpers_of(kp), 60,
                               "a vetting helper under the proxy's workers")
+            wait_until(lambda: metric_value(kp.http_get("/metrics")[1], held)
+                       >= 2 * connections, 60, "the pusher's Gets held twice a connection")
         finally:
             answers = hostile_pusher.stop(pusher)
+        elapsed = time.monotonic() - started
         # Every one started lasts till the proxy ends; one killed because no core had time
         # for it (counted as the idle class starved) has ended already.
         helpers = seen | helpers_of(kp)
-        assert set(answers) == {87} and answers[87] >= 1, answers
+        # Every push was refused as INVALID_RECORD; every Get that failed was held
+        # (the pusher counts a Get's error as its negative).
+        assert set(answers) == {87, -89} and answers[87] >= 1, answers
+        assert answers[87] <= connections * (elapsed / hold_s + 1), (answers, elapsed)
         _, text = kp.http_get("/metrics")
         assert_vetted(text, answers[87])
+        assert metric_value(text, held) == answers[-89]
     assert kp.process.returncode == 0, kp.log()
     wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in helpers), 30,
                f"helpers {sorted(helpers)} to end with the proxy")

@@ -110,6 +110,7 @@ class Conn:
     """What the telemetry handlers read of a connection."""
 
     info = ClientInfo("127.0.0.1", 5000, "app", "librdkafka", "2.5.0")
+    telemetry_held_until = 0
 
     def log_fields(self) -> dict[str, object]:
         return {}
