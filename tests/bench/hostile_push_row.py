@@ -13,6 +13,11 @@ bound is reached. The producer sends single-message ``acks=1`` requests at 1,000
 (tests/paced_produce.py), in a process of its own. Each round measures one window
 without the pusher, one with it, and one with its pushes spaced out (reported beside
 the judged ratio), in a shuffled order; the ratio is taken within the round.
+
+kproxy runs its default settings, so after each refused push the pusher's connection
+has its telemetry held for ``telemetry_refused_push_hold_ms`` (docs/security.md). What
+each bomb costs without that hold is measured beside it, unjudged: one more window
+per round, pusher and producer both through a second kproxy with the hold off.
 """
 
 from __future__ import annotations
@@ -43,12 +48,15 @@ RATE = 1000
 CONNECTIONS = 2  # the pusher's
 TARGET = 2.0  # issue 14: the p99 with hostile pushes at most twice the p99 without
 INVALID_RECORD = 87
+THROTTLED = 89  # THROTTLING_QUOTA_EXCEEDED: a Get held after a refused push
 QUIET, HOSTILE = "without", "with hostile pushes"
 # The same pushes now and then (4 a second), as large pushes of real clients come:
 # each is decoded within the pacer's burst allowance (reported, not judged).
 SPACED = "with hostile pushes, one per connection every 500 ms"
 SPACED_MS = 500
-WINDOWS = {QUIET: None, HOSTILE: 0, SPACED: SPACED_MS}  # window: the pusher's interval
+# The pusher back to back through a second kproxy whose hold is off (reported, not judged).
+HOLD_OFF = "with hostile pushes, the hold after a refused push off"
+WINDOWS = {QUIET: None, HOSTILE: 0, SPACED: SPACED_MS, HOLD_OFF: 0}  # the pusher's interval
 
 
 def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
@@ -56,9 +64,11 @@ def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
                            "rounds": []}
     with TansuBroker(log_path=work / "broker-hostile.log") as broker, \
             section_run(out) as stops:
-        proc, port = kproxy(work, "hostile", broker.bootstrap, [])
+        proc, default_port = kproxy(work, "hostile", broker.bootstrap, [])
         stops.append(functools.partial(stop_process, proc))
-        bootstrap = f"127.0.0.1:{port}"
+        proc, hold_off_port = kproxy(work, "hostile-hold-off", broker.bootstrap,
+                                     ["--telemetry-refused-push-hold-ms", "0"])
+        stops.append(functools.partial(stop_process, proc))
         topic = f"hostile-{uuid.uuid4().hex[:8]}"
         create_topic(broker.bootstrap, topic)
         rnd = random.Random(14)
@@ -68,6 +78,8 @@ def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
             result: dict[str, dict[str, float]] = {}
             for window in order:
                 interval = WINDOWS[window]
+                port = hold_off_port if window == HOLD_OFF else default_port
+                bootstrap = f"127.0.0.1:{port}"
                 pusher = (None if interval is None else
                           hostile_pusher.start(port, CONNECTIONS, interval))
                 started = time.monotonic()
@@ -80,8 +92,12 @@ def measure(work: Path, reps: int, seconds: float) -> dict[str, Any]:
                 result[window] = {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
                                   "failed": r["failed"],
                                   "refused_per_s": answers.get(INVALID_RECORD, 0) / took,
+                                  # Gets held after a refused push (the pusher counts a
+                                  # Get's error as its negative)
+                                  "held": answers.get(-THROTTLED, 0),
                                   "other_answers": sum(n for code, n in answers.items()
-                                                       if code != INVALID_RECORD)}
+                                                       if code not in (INVALID_RECORD,
+                                                                       -THROTTLED))}
                 print(f"hostile-push rep {rep + 1}/{reps} {window}: {result[window]}",
                       flush=True)
             out["rounds"].append(result)
@@ -113,6 +129,7 @@ def section(data: dict[str, Any]) -> list[str]:
                      f"{statistics.median(w['p99_ms'] for w in got):.2f} | {refused} | "
                      f"{sum(int(w['failed']) for w in got)} |")
     others = sum(int(r[HOSTILE]["other_answers"]) for r in rounds)
+    held = sum(int(r[HOSTILE].get("held", 0)) for r in rounds)
     lines += ["", f"p99 with the pusher over p99 without, per round: median (quartiles; "
               f"lowest to highest): **{round_summary(ratios(data))}**; target at most "
               f"{TARGET:.1f} with no failed delivery."]
@@ -121,6 +138,14 @@ def section(data: dict[str, Any]) -> list[str]:
         lines += ["", f"The same pushes now and then ({SPACED_MS} ms apart on each "
                   "connection, each decoded within the pacer's burst allowance), over the p99 "
                   f"without, per round: {round_summary(spaced)} (reported, not judged)."]
+    hold_off = ratios(data, HOLD_OFF)
+    if hold_off:
+        lines += ["", "The pusher back to back through a second kproxy whose hold after a "
+                  "refused push is off (`--telemetry-refused-push-hold-ms 0`): every push "
+                  "reaches the vetting helper, as before the hold. Its producer's p99 (through "
+                  "that kproxy) over the p99 without (through the first), per round: "
+                  f"{round_summary(hold_off)} (reported, not judged: what each bomb costs the "
+                  "loop)."]
     lines += ["",
               f"{len(rounds)} round(s); each: single-message `acks=1` produce at "
               f"{data['rate']:,}/s for {data['seconds']:g} s, without and beside "
@@ -131,6 +156,9 @@ def section(data: dict[str, Any]) -> list[str]:
               "kproxy `--workers 1` at its default settings. Every push is refused as "
               "INVALID_RECORD when the decoder reaches its point bound"
               + (f" ({others} answered otherwise)" if others else "")
+              + "; after each refusal the next GetTelemetrySubscriptions on that connection "
+              "is held for the rest of `telemetry_refused_push_hold_ms` (1 s) and refused as "
+              f"THROTTLING_QUOTA_EXCEEDED ({held:,} held in the judged windows)"
               + ", by the vetting helper (a process of its own, in the kernel's idle "
               "class), so the proxy's loop decodes none of them (were no core to have time "
               "for the helper within a second, they would be decoded in the proxy and "
