@@ -1,8 +1,8 @@
 """Telemetry at the protocol level, through the in-process proxy, with a raw client.
 
-Every error path of PushTelemetry, the ApiVersions advertisement, and the series
-cap and expiry with many synthetic clients. The upstream is FakeBroker (named
-fake): telemetry requests must never reach it.
+Every error path of PushTelemetry, the hold after a refused push, the ApiVersions
+advertisement, and the series cap and expiry with many synthetic clients. The
+upstream is FakeBroker (named fake): telemetry requests must never reach it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import pytest
 import trio
 
 from kproxy.codecs import api_keys, compression
+from kproxy.codecs.messages import decode_response
+from kproxy.codecs.peek import peek_correlation_id
 from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
 from ..otlp_samples import librdkafka_like_payload
-from ..support import RawClient, http_get, make_config
+from ..support import RawClient, encode_request, http_get, make_config
 
 PAYLOAD = librdkafka_like_payload()
 
@@ -116,8 +118,12 @@ async def test_get_then_push_exports_labelled_series(nursery: trio.Nursery, fake
 
 async def test_every_push_error_path(nursery: trio.Nursery, fake: FakeBroker,
                                      tmp_path: Path) -> None:
+    """A broker's rules, one after the other on one connection: kproxy's own hold after
+    a refused push is off here (tested below), or the pushes after the first 87 would
+    all meet it."""
     proxy = await start(nursery, fake, tmp_path, telemetry_max_bytes=4096,
-                        telemetry_max_decompressed_bytes=65536)
+                        telemetry_max_decompressed_bytes=65536,
+                        telemetry_refused_push_hold_ms=0)
     tc = await connect(proxy)
     await tc.get()
     assert await tc.push() == 0  # first push right after the Get: accepted
@@ -148,6 +154,37 @@ async def test_every_push_error_path(nursery: trio.Nursery, fake: FakeBroker,
                        ("invalid_record", 3), ("invalid_request", 2), ("none", 3)):
         assert (f'kproxy_telemetry_requests_total{{api="PushTelemetry",error="{outcome}"}} '
                 f"{float(n)}") in text.decode()
+    proxy.shutdown()
+
+
+async def test_after_a_refused_push_the_connections_telemetry_is_held_in_order(
+        nursery: trio.Nursery, fake: FakeBroker, tmp_path: Path) -> None:
+    """Default settings: after a push refused as INVALID_RECORD, the same connection's
+    next push waits out the hold (1 s) and is refused as THROTTLING_QUOTA_EXCEEDED; a
+    Metadata request sent right behind it is answered after it (answers leave in
+    order); another connection's telemetry is answered meanwhile."""
+    proxy = await start(nursery, fake, tmp_path)
+    tc, other = await connect(proxy), await connect(proxy)
+    await tc.get()
+    assert await tc.push(b"\x28\xb5\x2f\xfd\x00corrupt", ctype=4) == 87
+    refused_at = trio.current_time()
+    await tc.client.send(
+        encode_request(72, 0, 50, {"client_instance_id": tc.instance, "subscription_id": tc.sub,
+                                   "terminating": False, "compression_type": 4,
+                                   "metrics": compression.compress(4, PAYLOAD)})
+        + encode_request(api_keys.METADATA, 12, 51, {
+            "topics": [], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False}))
+    assert (await other.get())["error_code"] == 0  # not held: another connection
+    frames = [await tc.client.read_frame(30) for _ in range(2)]
+    assert [peek_correlation_id(f) for f in frames if f is not None] == [50, 51]
+    assert frames[0] is not None
+    held = decode_response(frames[0], 72, 0).body
+    assert held["error_code"] == 89 and 0 < held["throttle_time_ms"] <= 1000
+    assert trio.current_time() - refused_at >= held["throttle_time_ms"] / 1000 - 0.002
+    assert (await tc.get())["error_code"] == 0  # the hold is out: served again
+    _, _, text = await http_get(proxy.http_port or 0, "/metrics")
+    assert 'kproxy_telemetry_requests_held_total{api="PushTelemetry"} 1.0' in text.decode()
     proxy.shutdown()
 
 
