@@ -19,7 +19,7 @@ pushes (docs/security.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 from prometheus_client import CollectorRegistry, Counter
@@ -59,9 +59,15 @@ class RefusalHold:
             return 0
         return left
 
-    async def answer(self, peek: RequestPeek, wait_ms: int,
-                     refusal: Callable[[int], bytes]) -> bytes:
-        """``refusal(wait_ms)``, the request's answer, once ``wait_ms`` have passed."""
+    def answer_if_held(self, conn: ConnectionState, peek: RequestPeek,
+                       refusal: Callable[[int], bytes]) -> Awaitable[bytes] | None:
+        """While ``conn`` is held: its request's answer, ``refusal(ms held)``, made once
+        the hold is out. None when it is not held."""
+        wait_ms = self.remaining(conn)
+        return self._answer(peek, wait_ms, refusal) if wait_ms else None
+
+    async def _answer(self, peek: RequestPeek, wait_ms: int,
+                      refusal: Callable[[int], bytes]) -> bytes:
         self.held.labels(api_keys.api_name(peek.api_key)).inc()
         await trio.sleep(wait_ms / 1000)
         return refusal(wait_ms)

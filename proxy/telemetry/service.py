@@ -165,10 +165,10 @@ class TelemetryService:
 
     def handle_get(self, session: ConnectionState, peek: RequestPeek,
                    frame: memoryview) -> bytes | Awaitable[bytes]:
-        held = self.hold.remaining(session)
-        if held:
-            return self.hold.answer(peek, held, lambda ms: self._get_answer(
-                peek, policy.GetResult(policy.THROTTLING_QUOTA_EXCEEDED), ms))
+        held = self.hold.answer_if_held(session, peek, lambda ms: self._get_answer(
+            peek, policy.GetResult(policy.THROTTLING_QUOTA_EXCEEDED), ms))
+        if held is not None:
+            return held
         body = decode_request(frame).body
         result = self.state.get_subscriptions(body["client_instance_id"],
                                               self.attributes(session), self.clock_ms())
@@ -198,11 +198,11 @@ class TelemetryService:
                     frame: memoryview) -> bytes | Awaitable[bytes]:
         """The answer at once when a check fails; else an awaitable that decodes first
         (or, on a held connection, that waits out the hold)."""
-        held = self.hold.remaining(session)
-        if held:
-            return self.hold.answer(peek, held, lambda ms: self._answer(
-                session, peek, policy.PushResult(policy.THROTTLING_QUOTA_EXCEEDED,
-                                                 detail="connection held"), ms))
+        held = self.hold.answer_if_held(session, peek, lambda ms: self._answer(
+            session, peek, policy.PushResult(policy.THROTTLING_QUOTA_EXCEEDED,
+                                             detail="connection held"), ms))
+        if held is not None:
+            return held
         body = decode_push(frame, peek.api_version, peek.body_offset)
         started = self.state.begin_push(
             body["client_instance_id"], body["subscription_id"], body["terminating"],
