@@ -34,6 +34,12 @@ from .support import encode_request
 
 BATCH = 200  # requests written at once per connection
 
+# A filled fleet pushes once. At the default 60 s push interval its instances expire
+# 180 s after that push, partway through a long bench section (one run's largest size
+# then held 159,770 series where it was filled to 249,770). A proxy measured over
+# minutes is started with this: a push interval of an hour, so nothing expires.
+KEEP_FILLED_FLEET = ("--telemetry-default-interval-ms", str(3_600_000))
+
 
 def _roundtrips(sock: socket.socket, reader: FrameReader, frames: list[bytes]) -> list[bytes]:
     sock.sendall(b"".join(frames))

@@ -297,6 +297,13 @@ SCRAPE_ROUNDS = 9
 SERIES_PER_INSTANCE = 250
 
 
+def still_held(size: int, held: float) -> None:
+    """Fail the section, not report a smaller fleet under ``size``'s name."""
+    if held < size - SERIES_PER_INSTANCE:
+        raise RuntimeError(f"filled to {size:,} client series, the proxy holds {held:,.0f}:"
+                           " instances expired or were evicted (see kproxy-scrape.log)")
+
+
 def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
                       window: float, rounds: int = 5) -> list[dict[str, float]]:
     """/metrics at growing numbers of client series: how long a scrape takes, and the
@@ -312,7 +319,7 @@ def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
     the cores, and with the proxy on a core of its own (``cores_apart``; the ratio
     then shows whether requests wait for the scrape, not the machine's scheduler).
     """
-    from tests.scrape_load import fill_series, metric_value, relay_cost, scrape
+    from tests.scrape_load import KEEP_FILLED_FLEET, fill_series, metric_value, relay_cost, scrape
 
     assert broker.process is not None
 
@@ -322,7 +329,8 @@ def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
                   "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}",
                   "--broker-port-base", str(base), "--node-id-range", "111-111",
                   "--telemetry-max-series", str(max(sizes)),
-                  "--telemetry-max-series-bytes", str(512 << 20), "--log-level", "warning"],
+                  "--telemetry-max-series-bytes", str(512 << 20), *KEEP_FILLED_FLEET,
+                  "--log-level", "warning"],
                  port, work / "kproxy-scrape.log", {"KPROXY_CONFIG": ""})
     bootstrap = f"127.0.0.1:{port}"
     rows: list[dict[str, float]] = []
@@ -340,6 +348,7 @@ def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
                    "longest_slice_cpu_ms": 1000 * metric_value(
                        http, "kproxy_scrape_longest_slice_cpu_seconds"),
                    "rss_mb": Path_("kproxy", bootstrap, proc).rss_mb()}
+            still_held(size, row["series"])
             cost = relay_cost(bootstrap, http, "scrape-lat", rounds, window, rate=1000)
             row.update(p99_ms=1000 * statistics.median(cost.baseline_p99),
                        p99_scrape_ms=1000 * statistics.median(cost.during_p99),
@@ -356,6 +365,7 @@ def scrape_under_load(broker: TansuBroker, work: Path, sizes: tuple[int, ...],
                            ratio_apart=apart.ratio, ratio_apart_min=min(apart.ratios),
                            ratio_apart_max=max(apart.ratios),
                            slowest_apart_ms=1000 * apart.slowest)
+            still_held(size, metric_value(http, "kproxy_telemetry_series"))
             rows.append(row)
             print(f"scrape {json.dumps({k: round(v, 3) for k, v in row.items()})}",
                   flush=True)

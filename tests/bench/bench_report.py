@@ -189,8 +189,10 @@ def scrape_section(rows: list[dict[str, float]]) -> list[str]:
             slowest += f" / {r['slowest_apart_ms']:.0f}"
         lines.append(f"| {r['series']:,.0f} | {r['scrape_s']:.2f} | {r['gzip_mb']:.1f} | "
                      f"{r['longest_slice_cpu_ms']:.1f} | {shared} | {apart} | {slowest} |")
-    lines += ["", "Series made by real telemetry requests (250 per client instance); scrape: "
-              "gzip, as Prometheus asks, on an otherwise idle proxy. The producer, in a "
+    lines += ["", "Series made by real telemetry requests (250 per client instance, a push "
+              "interval of an hour so that none expires during the section: each size is "
+              "checked held before and after its rounds); scrape: gzip, as Prometheus "
+              "asks, on an otherwise idle proxy. The producer, in a "
               "process of its own, sends single-message `acks=1` requests at 1,000/s "
               f"throughout {rows[-1].get('rounds', 1):.0f} rounds of two "
               f"{rows[-1].get('window_s', 5):.0f} s windows"

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import TansuBroker  # noqa: E402
-from tests.scrape_load import fill_series, metric_value, scrape  # noqa: E402
+from tests.scrape_load import KEEP_FILLED_FLEET, fill_series, metric_value, scrape  # noqa: E402
 from tests.support import stop_process  # noqa: E402
 
 HEADING = "## /metrics of a large fleet at 1 and 2 workers"
@@ -65,7 +65,7 @@ def measure(work: Path, reps: int, series: int) -> dict[str, Any]:
             procs[n], port, https[n] = start_workers(
                 broker, n, work / f"kproxy-scrape-workers{n}.log",
                 "--telemetry-max-series", str(series),
-                "--telemetry-max-series-bytes", str(512 << 20))
+                "--telemetry-max-series-bytes", str(512 << 20), *KEEP_FILLED_FLEET)
             held[str(n)] = fill(f"127.0.0.1:{port}", https[n], series)
         for http in https.values():  # warm: the first scrape builds the label texts
             scrape(http)
