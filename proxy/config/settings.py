@@ -30,6 +30,7 @@ from kproxy.config.options import (
     Option,
     parse_host_port,
 )
+from kproxy.config.telemetry_options import OTLP_OPTIONS, TELEMETRY_OPTIONS
 from kproxy.config.virtual_clusters import VirtualClusterSettings, virtual_clusters
 from kproxy.policies.addressing import PortMap, SniNames
 from kproxy.policies.auth.quotas import QuotaEntry
@@ -40,7 +41,7 @@ from kproxy.policies.telemetry_subscriptions import (
     parse_subscriptions,
 )
 
-OPTIONS = RELAY_OPTIONS + IDENTITY_OPTIONS
+OPTIONS = RELAY_OPTIONS + TELEMETRY_OPTIONS + OTLP_OPTIONS + IDENTITY_OPTIONS
 OPTIONS_BY_NAME = {o.name: o for o in OPTIONS}
 # What a reload cannot change on a running proxy (listeners, ports, what is served).
 RESTART_ONLY = tuple(o.name for o in OPTIONS if o.restart)

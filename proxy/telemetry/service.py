@@ -37,7 +37,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import trio
-from prometheus_client import Counter
 
 from kproxy.archive import ArchiveWriter
 from kproxy.codecs import api_keys, compression
@@ -57,6 +56,7 @@ from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.telemetry_store import IngestStats, MetricsStore
+from kproxy.telemetry.counters import TelemetryCounters
 from kproxy.telemetry.exposition import ClientMetricsCollector
 from kproxy.telemetry.idle_thread import IdleTime, IdleTimeCollector
 from kproxy.telemetry.pacing import Pacer, PacerCollector
@@ -64,7 +64,6 @@ from kproxy.telemetry.refusal_hold import RefusalHold
 from kproxy.telemetry.vetting_process import VettingProcess
 
 log = logging.getLogger("kproxy.telemetry")
-_COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
 _CORRELATION_ID = struct.Struct(">i")
 DECODE_CONCURRENCY = 1  # pushes decompressed and decoded at once, proxy-wide
 DECODE_SHARE = 0.25  # of the time (one core), for all telemetry decoding together
@@ -95,33 +94,7 @@ class TelemetryService:
         self.store = MetricsStore(cfg.metric_prefix, cfg.max_series, cfg.max_series_bytes)
         self.state = policy.TelemetryState(cfg.settings, on_forget=self.store.forget)
         r = metrics.registry
-        self.requests = Counter(
-            "kproxy_telemetry_requests", "Telemetry requests answered by the proxy, by API "
-            "and error", ["api", "error"], registry=r)
-        self.dropped = Counter(
-            "kproxy_telemetry_points_dropped", "Client metric points not exported because "
-            "each would have added a series beyond the series cap", registry=r)
-        self.by_compression = Counter(
-            "kproxy_telemetry_pushes_decoded", "Accepted pushes, by compression type",
-            ["compression"], registry=r)
-        self.unsupported = Counter(
-            "kproxy_telemetry_points_unsupported", "Client metric points of a kind not "
-            "exported (summaries, exponential histograms) or of a conflicting type",
-            registry=r)
-        self.over_limit = Counter(
-            "kproxy_telemetry_pushes_over_limit", "Pushes refused because decoding them "
-            "would pass a bound, by bound: bytes (TELEMETRY_TOO_LARGE), decompressed_bytes, "
-            "points, metrics, fields, attributes, point_bytes, buckets (INVALID_RECORD)",
-            ["limit"], registry=r)
-        self.dropped_other = Counter(
-            "kproxy_telemetry_dropped", "Client metric data not kept because a bound was "
-            "reached, by bound: series_bytes, families, point_labels", ["bound"], registry=r)
-        self.vetted = Counter(
-            "kproxy_telemetry_pushes_vetted", "Paced pushes checked in the vetting helper "
-            "process before being decoded here, by verdict: passed, refused, none (the "
-            "helper was not available, or no core had time to spare for it; the push "
-            "was decoded here only)", ["verdict"],
-            registry=r)
+        self.counts = TelemetryCounters(r)
         self.hold = RefusalHold(lambda: self.state.settings.refused_push_hold_ms,
                                 self.clock_ms, r)
         self.decode_limiter = trio.CapacityLimiter(DECODE_CONCURRENCY)
@@ -131,11 +104,9 @@ class TelemetryService:
         r.register(PacerCollector(self.pacer, "telemetry_decode"))
         r.register(IdleTimeCollector(self.idle_time))
         metrics.piece_sources.append(ClientMetricsCollector(self))
-        self._ratelog_last = 0.0
         self.hostname = socket.gethostname()
-        # By (error, compression): the counters an answer increments; by (version,
-        # error): the answer's bytes. Both bounded by the codes and versions that exist.
-        self._answered: dict[tuple[int, int], tuple[Counter, Counter | None]] = {}
+        # By (version, error): a push answer's bytes, bounded by the versions and codes
+        # that exist.
         self._answers: dict[tuple[int, int], bytes] = {}
         self.shapes = RecentShapes()
         # Called with every accepted push (connection, instance, decompressed OTLP bytes);
@@ -176,8 +147,7 @@ class TelemetryService:
 
     def _get_answer(self, peek: RequestPeek, result: policy.GetResult,
                     throttle_ms: int = 0) -> bytes:
-        self.requests.labels("GetTelemetrySubscriptions",
-                             policy.ERROR_NAMES[result.error_code]).inc()
+        self.counts.get_answered(result.error_code)
         settings = self.state.settings
         inst = result.instance
         reply = {
@@ -251,7 +221,8 @@ class TelemetryService:
         result = self.state.finish_push(pending, raw, metrics or [])
         if self._take_note(session, result) and self.cfg.prometheus and (
                 metrics or values is not None):
-            self._count_ingest(self._ingest_small(inst, raw, metrics, values, shape))
+            self.counts.ingested(self._ingest_small(inst, raw, metrics, values, shape),
+                                self.store.max_series)
         return result, raw
 
     def _ingest_small(self, inst: policy.ClientInstance, raw: bytes,
@@ -312,9 +283,9 @@ class TelemetryService:
             settings.max_decompressed_bytes, settings.decode_limits,
             raw if raw is not None else pending.payload))
         if verdict is None:
-            self.vetted.labels("none").inc()
+            self.counts.vetted.labels("none").inc()
             return
-        self.vetted.labels("passed" if verdict.refusal is None else "refused").inc()
+        self.counts.vetted.labels("passed" if verdict.refusal is None else "refused").inc()
         await self.pacer.rest(verdict.cpu_seconds)
         if verdict.refusal is not None:
             raise verdict.refusal
@@ -330,7 +301,7 @@ class TelemetryService:
                 inst.instance_id, inst.attrs, result.metrics,
                 self.state.settings.delta_temporality, stats))
         finally:
-            self._count_ingest(stats)
+            self.counts.ingested(stats, self.store.max_series)
 
     def _take_note(self, session: ConnectionState, result: policy.PushResult) -> bool:
         """Archive and listeners; False if the instance is forgotten (nothing to keep)."""
@@ -347,39 +318,12 @@ class TelemetryService:
             self.in_trio(listener, session, inst, result.raw)
         return True
 
-    def _count_ingest(self, stats: IngestStats) -> None:
-        if stats.dropped_by_cap:
-            self.dropped.inc(stats.dropped_by_cap)
-            now = time.monotonic()
-            if now - self._ratelog_last > 60:
-                self._ratelog_last = now
-                log.warning("client metric series cap reached; dropping new series",
-                            extra={"fields": {"max_series": self.store.max_series,
-                                              "dropped": stats.dropped_by_cap}})
-        if stats.unsupported or stats.type_conflicts:
-            self.unsupported.inc(stats.unsupported + stats.type_conflicts)
-        for bound, n in (("series_bytes", stats.dropped_by_bytes),
-                         ("families", stats.dropped_families),
-                         ("point_labels", stats.labels_dropped)):
-            if n:
-                self.dropped_other.labels(bound).inc(n)
-
     def _answer(self, session: ConnectionState, peek: RequestPeek,
                 result: policy.PushResult, throttle_ms: int = 0) -> bytes:
         error = result.error_code
         if error == policy.INVALID_RECORD:
             self.hold.refused(session)
-        answered = self._answered.get((error, result.compression_type))
-        if answered is None:  # the counters' children, looked up once
-            answered = self._answered[error, result.compression_type] = (
-                self.requests.labels("PushTelemetry", policy.ERROR_NAMES[error]),
-                None if error else self.by_compression.labels(
-                    _COMPRESSION[result.compression_type]))
-        answered[0].inc()
-        if answered[1] is not None:
-            answered[1].inc()
-        if result.limit:
-            self.over_limit.labels(result.limit).inc()
+        self.counts.push_answered(result)
         if error:
             log.debug("telemetry push refused: %s", result.detail, extra={"fields": {
                 "error": policy.ERROR_NAMES[error], **session.log_fields()}})

@@ -76,7 +76,8 @@ def service(hold_ms: int = HOLD_MS) -> TelemetryService:
 
 
 def vetted(svc: TelemetryService) -> float:
-    return sum(float(svc.vetted.labels(v)._value.get()) for v in ("passed", "refused", "none"))
+    counter = svc.counts.vetted
+    return sum(float(counter.labels(v)._value.get()) for v in ("passed", "refused", "none"))
 
 
 def held(svc: TelemetryService, api: str) -> float:

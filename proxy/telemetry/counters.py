@@ -1,0 +1,93 @@
+"""What the telemetry handlers count, apart from how they answer.
+
+Every label these counters take is the proxy's own (an API, an error name, a
+compression, a bound), never a value a client chose, so each counter has a fixed,
+small number of children.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter
+
+from kproxy.policies import telemetry as policy
+from kproxy.policies import telemetry_subscriptions as subs
+from kproxy.policies.telemetry_store import IngestStats
+
+log = logging.getLogger("kproxy.telemetry")
+_COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
+CAP_WARNING_EVERY_S = 60  # the series cap's warning, at most this often
+
+
+class TelemetryCounters:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.requests = Counter(
+            "kproxy_telemetry_requests", "Telemetry requests answered by the proxy, by API "
+            "and error", ["api", "error"], registry=r)
+        self.dropped = Counter(
+            "kproxy_telemetry_points_dropped", "Client metric points not exported because "
+            "each would have added a series beyond the series cap", registry=r)
+        self.by_compression = Counter(
+            "kproxy_telemetry_pushes_decoded", "Accepted pushes, by compression type",
+            ["compression"], registry=r)
+        self.unsupported = Counter(
+            "kproxy_telemetry_points_unsupported", "Client metric points of a kind not "
+            "exported (summaries, exponential histograms) or of a conflicting type",
+            registry=r)
+        self.over_limit = Counter(
+            "kproxy_telemetry_pushes_over_limit", "Pushes refused because decoding them "
+            "would pass a bound, by bound: bytes (TELEMETRY_TOO_LARGE), decompressed_bytes, "
+            "points, metrics, fields, attributes, point_bytes, buckets (INVALID_RECORD)",
+            ["limit"], registry=r)
+        self.dropped_other = Counter(
+            "kproxy_telemetry_dropped", "Client metric data not kept because a bound was "
+            "reached, by bound: series_bytes, families, point_labels", ["bound"], registry=r)
+        self.vetted = Counter(
+            "kproxy_telemetry_pushes_vetted", "Paced pushes checked in the vetting helper "
+            "process before being decoded here, by verdict: passed, refused, none (the "
+            "helper was not available, or no core had time to spare for it; the push "
+            "was decoded here only)", ["verdict"],
+            registry=r)
+        # By (error, compression): the children an answered push increments, looked up
+        # once; bounded by the error codes and compression types that exist.
+        self._pushes: dict[tuple[int, int], tuple[Counter, Counter | None]] = {}
+        self._cap_warned_at = 0.0
+
+    def get_answered(self, error: int) -> None:
+        self.requests.labels("GetTelemetrySubscriptions", policy.ERROR_NAMES[error]).inc()
+
+    def push_answered(self, result: policy.PushResult) -> None:
+        error = result.error_code
+        children = self._pushes.get((error, result.compression_type))
+        if children is None:
+            children = self._pushes[error, result.compression_type] = (
+                self.requests.labels("PushTelemetry", policy.ERROR_NAMES[error]),
+                None if error else self.by_compression.labels(
+                    _COMPRESSION[result.compression_type]))
+        children[0].inc()
+        if children[1] is not None:
+            children[1].inc()
+        if result.limit:
+            self.over_limit.labels(result.limit).inc()
+
+    def ingested(self, stats: IngestStats, max_series: int) -> None:
+        """What an ingest could not keep, by bound; the series cap also logged, at most
+        once a minute."""
+        if stats.dropped_by_cap:
+            self.dropped.inc(stats.dropped_by_cap)
+            now = time.monotonic()
+            if now - self._cap_warned_at > CAP_WARNING_EVERY_S:
+                self._cap_warned_at = now
+                log.warning("client metric series cap reached; dropping new series",
+                            extra={"fields": {"max_series": max_series,
+                                              "dropped": stats.dropped_by_cap}})
+        if stats.unsupported or stats.type_conflicts:
+            self.unsupported.inc(stats.unsupported + stats.type_conflicts)
+        for bound, n in (("series_bytes", stats.dropped_by_bytes),
+                         ("families", stats.dropped_families),
+                         ("point_labels", stats.labels_dropped)):
+            if n:
+                self.dropped_other.labels(bound).inc(n)
