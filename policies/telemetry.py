@@ -162,12 +162,20 @@ class TelemetryState:
         self._swept_at: int | None = None
         self._sweep: Iterator[int] | None = None  # the requests' sweep in progress
         self.instance_bytes = 0
+        # Instances forgotten before their time, by the bound that made room: "instances"
+        # (max_instances) or "bytes" (max_instance_bytes). The client's next push is
+        # taken as a first one (its subscription id is deterministic) and its series
+        # start again: a fleet larger than the bounds churns, and this is where an
+        # operator sees it.
+        self.evicted = {"instances": 0, "bytes": 0}
 
     def reconfigure(self, settings: TelemetrySettings) -> None:
-        """New subscriptions: every instance gets a fresh subscription on its next request."""
-        if settings != self.settings:
-            self.settings = settings
+        """New settings; if what a subscription tells a client changed, every instance
+        gets a fresh subscription on its next request. Lower bounds apply at once."""
+        if settings.told_to_clients() != self.settings.told_to_clients():
             self.version += 1
+        self.settings = settings
+        self._evict()
 
     def expire(self, now: int) -> int:
         """Forget every instance not seen within its expiry; how many went."""
@@ -240,9 +248,13 @@ class TelemetryState:
     def _evict(self) -> None:
         """The least recently seen instances go until count and bytes are within bounds
         (the most recent one always stays)."""
-        while len(self.instances) > 1 and (
-                len(self.instances) > self.settings.max_instances
-                or self.instance_bytes > self.settings.max_instance_bytes):
+        while len(self.instances) > 1:
+            if len(self.instances) > self.settings.max_instances:
+                self.evicted["instances"] += 1
+            elif self.instance_bytes > self.settings.max_instance_bytes:
+                self.evicted["bytes"] += 1
+            else:
+                return
             self._forget(next(iter(self.instances)))
 
     def _maybe_expire(self, now: int) -> None:

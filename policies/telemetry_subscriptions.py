@@ -92,6 +92,12 @@ class TelemetrySettings:
     # refused as INVALID_RECORD (0: not at all).
     refused_push_hold_ms: int = 1000
 
+    def told_to_clients(self) -> tuple[object, ...]:
+        """What a GetTelemetrySubscriptions answer says: when it changes, a subscription
+        handed out before is stale. The proxy's own bounds are not in it."""
+        return (self.subscriptions, self.max_bytes, self.delta_temporality,
+                self.compression_types)
+
 
 @dataclass(frozen=True)
 class Resolved:

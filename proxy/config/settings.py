@@ -277,6 +277,7 @@ def _telemetry_config(v: dict[str, Any], extra: dict[str, Any],
         delta_temporality=v["telemetry_delta_temporality"],
         compression_types=v["telemetry_compression_types"],
         max_instances=v["telemetry_max_instances"],
+        max_instance_bytes=v["telemetry_max_instance_bytes"],
         refused_push_hold_ms=v["telemetry_refused_push_hold_ms"])
     return TelemetryConfig(v["telemetry"], settings, v["telemetry_metric_prefix"],
                            v["telemetry_max_series"], v["telemetry_prometheus"],

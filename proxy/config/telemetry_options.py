@@ -18,6 +18,7 @@ from kproxy.config.options import (
     parse_seconds,
     parse_url,
 )
+from kproxy.policies.telemetry_subscriptions import DEFAULT_MAX_INSTANCE_BYTES
 
 
 def _telemetry(name: str, parse: Callable[[Any], Any], default: Any, help_: str,
@@ -56,6 +57,10 @@ TELEMETRY_OPTIONS: tuple[Option, ...] = (
                "it are dropped and counted", "BYTES"),
     _telemetry("telemetry_max_instances", parse_positive_int, 100_000,
                "client instances remembered before the least recently seen is forgotten", "N"),
+    _telemetry("telemetry_max_instance_bytes", parse_positive_int, DEFAULT_MAX_INSTANCE_BYTES,
+               "cap on the memory of remembered client instances (estimated: about 2 KB for "
+               "a librdkafka instance); beyond it the least recently seen is forgotten",
+               "BYTES"),
     _telemetry("telemetry_prometheus", parse_bool, True,
                "export the clients' metrics on /metrics; off leaves them to OTLP", "on|off"),
 )

@@ -340,6 +340,7 @@ def _telemetry(proxy: Proxy) -> dict[str, Any]:
     if service is not None:
         out["client_instances"] = len(service.state.instances)
         out["series"] = service.store.total
+        out["client_instances_evicted"] = sum(service.state.evicted.values())
     exporter = proxy.otlp
     if exporter is not None:
         parts = urllib.parse.urlsplit(cfg.telemetry_otlp_endpoint or "")

@@ -230,7 +230,7 @@ def _telemetry(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"enabled": False, "prometheus": False}
     out: dict[str, Any] = {"enabled": any(t["enabled"] for t in parts),
                            "prometheus": any(t["prometheus"] for t in parts)}
-    for key in ("client_instances", "series"):
+    for key in ("client_instances", "client_instances_evicted", "series"):
         values = [t[key] for t in parts if key in t]
         if values:
             out[key] = sum(values)

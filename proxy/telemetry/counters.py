@@ -55,6 +55,7 @@ class TelemetryCounters:
         # once; bounded by the error codes and compression types that exist.
         self._pushes: dict[tuple[int, int], tuple[Counter, Counter | None]] = {}
         self._cap_warned_at = 0.0
+        self._evictions_warned: tuple[float, int] = (0.0, 0)  # (when, evictions then)
 
     def get_answered(self, error: int) -> None:
         self.requests.labels("GetTelemetrySubscriptions", policy.ERROR_NAMES[error]).inc()
@@ -91,3 +92,23 @@ class TelemetryCounters:
                          ("point_labels", stats.labels_dropped)):
             if n:
                 self.dropped_other.labels(bound).inc(n)
+
+    def evictions(self, state: policy.TelemetryState) -> None:
+        """Warn, at most once a minute, that instances were forgotten to make room: a
+        fleet larger than the bounds churns (each client's series start again)."""
+        now = time.monotonic()
+        when, then = self._evictions_warned
+        evicted = state.evicted
+        total = evicted["instances"] + evicted["bytes"]
+        if total == then or now - when < CAP_WARNING_EVERY_S:
+            return
+        self._evictions_warned = (now, total)
+        settings = state.settings
+        log.warning("client instances forgotten to make room; raise "
+                    "telemetry_max_instances or telemetry_max_instance_bytes if the fleet "
+                    "is this large", extra={"fields": {
+                        "evicted_by_count": evicted["instances"],
+                        "evicted_by_bytes": evicted["bytes"],
+                        "max_instances": settings.max_instances,
+                        "max_instance_bytes": settings.max_instance_bytes,
+                        "instances": len(state.instances)}})

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kproxy.metrics.exposition import COLLECT_YOUNG, Piece, value_text
 from kproxy.policies.telemetry_store import (
@@ -58,6 +58,13 @@ class ClientMetricsCollector:
         # Counted after expiry, so they agree with the series below in the same scrape.
         yield GaugeMetricFamily("kproxy_telemetry_client_instances",
                                 "Client instances remembered", len(service.state.instances))
+        evicted = CounterMetricFamily(
+            "kproxy_telemetry_client_instances_evicted", "Client instances forgotten to "
+            "make room, by bound: instances (telemetry_max_instances) or bytes "
+            "(telemetry_max_instance_bytes)", labels=["bound"])
+        for bound, n in service.state.evicted.items():
+            evicted.add_metric([bound], n)
+        yield evicted
         yield GaugeMetricFamily("kproxy_telemetry_series", "Client metric series exported",
                                 service.store.total)
         store = service.store

@@ -143,6 +143,7 @@ class TelemetryService:
         body = decode_request(frame).body
         result = self.state.get_subscriptions(body["client_instance_id"],
                                               self.attributes(session), self.clock_ms())
+        self.counts.evictions(self.state)
         return self._get_answer(peek, result)
 
     def _get_answer(self, peek: RequestPeek, result: policy.GetResult,

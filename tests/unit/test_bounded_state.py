@@ -90,6 +90,7 @@ def test_telemetry_instances_are_bounded_in_bytes_with_attributes_shortened() ->
     assert all(len(v) <= MAX_LABEL_CHARS for inst in state.instances.values()
                for v in inst.attrs.values())
     assert state.instance_bytes == sum(inst.size for inst in state.instances.values())
+    assert state.evicted == {"instances": 0, "bytes": 2_000 - len(state.instances)}
 
 
 def _push_with(name: str, attributes: dict[str, otlp.AttrValue],

@@ -48,7 +48,7 @@ def worker_snapshot(epoch: int, at: float, groups: list[dict[str, Any]],
         "clients": {"connections": sum(g["connections"] for g in groups), "groups": groups,
                     "groups_more": 0},
         "telemetry": {"enabled": True, "prometheus": True, "client_instances": 2,
-                      "series": 10,
+                      "client_instances_evicted": 3, "series": 10,
                       "otlp": {"endpoint": "http://c/v1/metrics",
                                "outcomes": {"exported": 3, "failed": 1},
                                "queued_bytes": 5, "queued_pushes": 1, "retrying": False}},
@@ -84,6 +84,7 @@ def test_clients_summed_by_group_and_client_backend_from_the_newest_worker() -> 
     assert p["metadata_v13"] == "yes" and len(rd["clients"]) == 2
     # Telemetry and the export's outcomes: summed.
     assert snap["telemetry"]["client_instances"] == 4
+    assert snap["telemetry"]["client_instances_evicted"] == 6
     assert snap["telemetry"]["otlp"]["outcomes"] == {"exported": 6, "failed": 2}
     limits = {row["limit"]: row for row in snap["limits"]}
     # Each worker applies max_connections to its share: the proxy's is the sum.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -138,6 +139,24 @@ def test_reconfigure_makes_the_old_subscription_stale() -> None:
     fresh = st.get_subscriptions(ID, ATTRS, now=10_200)
     assert fresh.error_code == t.NONE and fresh.instance
     assert fresh.instance.resolved.requested_metrics == ("org.",)
+
+
+def test_a_reload_of_the_proxys_own_bounds_keeps_subscriptions() -> None:
+    """Only what a subscription told the client makes it stale; a lower instance bound
+    forgets the least recently seen at once, counted by the bound."""
+    st = _state()
+    ids = [uuid.UUID(int=i) for i in range(1, 4)]
+    made = [st.get_subscriptions(iid, ATTRS, now=10_000 + i).instance for i, iid in
+            enumerate(ids)]
+    assert all(made)
+    bounds = dataclasses.replace(st.settings, refused_push_hold_ms=0, max_instances=2,
+                                 max_instance_bytes=10**9)
+    st.reconfigure(bounds)
+    assert list(st.instances) == ids[1:] and st.evicted == {"instances": 1, "bytes": 0}
+    inst = made[2]
+    assert inst is not None
+    kept = st.push(ids[2], inst.resolved.subscription_id, False, 0, b"", ATTRS, now=10_100)
+    assert kept.error_code == t.NONE
 
 
 def test_expiry_and_lru_bound_forget_instances() -> None:
