@@ -96,11 +96,13 @@ class TelemetryCounters:
     def evictions(self, state: policy.TelemetryState) -> None:
         """Warn, at most once a minute, that instances were forgotten to make room: a
         fleet larger than the bounds churns (each client's series start again)."""
-        now = time.monotonic()
         when, then = self._evictions_warned
         evicted = state.evicted
         total = evicted["instances"] + evicted["bytes"]
-        if total == then or now - when < CAP_WARNING_EVERY_S:
+        if total == then:
+            return
+        now = time.monotonic()
+        if now - when < CAP_WARNING_EVERY_S:
             return
         self._evictions_warned = (now, total)
         settings = state.settings

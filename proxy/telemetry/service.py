@@ -179,6 +179,7 @@ class TelemetryService:
             body["client_instance_id"], body["subscription_id"], body["terminating"],
             body["compression_type"], body["metrics"], self.attributes(session),
             self.clock_ms())
+        self.counts.evictions(self.state)  # an instance it forgot is made again here
         if isinstance(started, policy.PushResult):
             return self._answer(session, peek, started)
         raw: bytes | None = None
