@@ -170,8 +170,8 @@ def _telemetry(t: dict[str, Any]) -> str:
              f" ({e(t.get('series'))} series)"]
     if t.get("client_instances_evicted"):
         parts.append(f"{e(t['client_instances_evicted'])} instance(s) forgotten to make "
-                     "room: the fleet is larger than telemetry_max_instances or "
-                     "telemetry_max_instance_bytes")
+                     "room since start (telemetry_max_instances, "
+                     "telemetry_max_instance_bytes)")
     otlp = t.get("otlp")
     if otlp is None:
         parts.append("OTLP export off")
