@@ -50,12 +50,16 @@ class LongestStep(trio.abc.Instrument):
 
 def stored_keys(tmp: Path, user: str, password: str) -> float:
     """A users file holding ``user``'s SCRAM-SHA-512 keys at ``ITERATIONS``; what one
-    derivation of them takes here (seconds)."""
+    derivation of them takes here (seconds): the quickest of three, as the proxy's own
+    may run on a quieter moment of a busy machine than any one of these."""
     salt, stored, server, _ = scramp.ScramMechanism("SCRAM-SHA-512").make_auth_info(
         password, iteration_count=ITERATIONS)
-    began = time.perf_counter()
-    hashlib.pbkdf2_hmac("sha512", password.encode(), salt, ITERATIONS)
-    derivation = time.perf_counter() - began
+    timings = []
+    for _ in range(3):
+        began = time.perf_counter()
+        hashlib.pbkdf2_hmac("sha512", password.encode(), salt, ITERATIONS)
+        timings.append(time.perf_counter() - began)
+    derivation = min(timings)
     keys = {"salt": salt, "stored_key": stored, "server_key": server}
     (tmp / "users.toml").write_text(
         f"[users.{user}.scram_sha_512]\niterations = {ITERATIONS}\n"

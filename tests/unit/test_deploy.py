@@ -154,7 +154,7 @@ def test_alert_rules_pass_promtool(tmp_path: Path) -> None:
     proc = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True,
                           text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 9 rules found" in proc.stdout + proc.stderr
+    assert "SUCCESS: 10 rules found" in proc.stdout + proc.stderr
 
 
 def test_plain_scrape_config_passes_promtool(tmp_path: Path) -> None:
