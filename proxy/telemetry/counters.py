@@ -8,17 +8,16 @@ small number of children.
 from __future__ import annotations
 
 import logging
-import time
 
 from prometheus_client import CollectorRegistry, Counter
 
+from kproxy.logs import RateLimitedLog
 from kproxy.policies import telemetry as policy
 from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.policies.telemetry_store import IngestStats
 
-log = logging.getLogger("kproxy.telemetry")
 _COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
-CAP_WARNING_EVERY_S = 60  # the series cap's warning, at most this often
+WARNING_EVERY_S = 60.0  # each of the warnings below, at most this often
 
 
 class TelemetryCounters:
@@ -54,8 +53,8 @@ class TelemetryCounters:
         # By (error, compression): the children an answered push increments, looked up
         # once; bounded by the error codes and compression types that exist.
         self._pushes: dict[tuple[int, int], tuple[Counter, Counter | None]] = {}
-        self._cap_warned_at = 0.0
-        self._evictions_warned: tuple[float, int] = (0.0, 0)  # (when, evictions then)
+        self._ratelog = RateLimitedLog(WARNING_EVERY_S)
+        self._evictions_seen = 0
 
     def get_answered(self, error: int) -> None:
         self.requests.labels("GetTelemetrySubscriptions", policy.ERROR_NAMES[error]).inc()
@@ -79,12 +78,9 @@ class TelemetryCounters:
         once a minute."""
         if stats.dropped_by_cap:
             self.dropped.inc(stats.dropped_by_cap)
-            now = time.monotonic()
-            if now - self._cap_warned_at > CAP_WARNING_EVERY_S:
-                self._cap_warned_at = now
-                log.warning("client metric series cap reached; dropping new series",
-                            extra={"fields": {"max_series": max_series,
-                                              "dropped": stats.dropped_by_cap}})
+            self._ratelog(logging.WARNING, "series-cap",
+                          "client metric series cap reached; dropping new series",
+                          max_series=max_series, dropped=stats.dropped_by_cap)
         if stats.unsupported or stats.type_conflicts:
             self.unsupported.inc(stats.unsupported + stats.type_conflicts)
         for bound, n in (("series_bytes", stats.dropped_by_bytes),
@@ -96,21 +92,16 @@ class TelemetryCounters:
     def evictions(self, state: policy.TelemetryState) -> None:
         """Warn, at most once a minute, that instances were forgotten to make room: a
         fleet larger than the bounds churns (each client's series start again)."""
-        when, then = self._evictions_warned
         evicted = state.evicted
         total = evicted["instances"] + evicted["bytes"]
-        if total == then:
+        if total == self._evictions_seen:  # the common case: two reads, no clock
             return
-        now = time.monotonic()
-        if now - when < CAP_WARNING_EVERY_S:
-            return
-        self._evictions_warned = (now, total)
+        self._evictions_seen = total
         settings = state.settings
-        log.warning("client instances forgotten to make room; raise "
-                    "telemetry_max_instances or telemetry_max_instance_bytes if the fleet "
-                    "is this large", extra={"fields": {
-                        "evicted_by_count": evicted["instances"],
-                        "evicted_by_bytes": evicted["bytes"],
-                        "max_instances": settings.max_instances,
-                        "max_instance_bytes": settings.max_instance_bytes,
-                        "instances": len(state.instances)}})
+        self._ratelog(logging.WARNING, "instances-evicted",
+                      "client instances forgotten to make room; raise "
+                      "telemetry_max_instances or telemetry_max_instance_bytes if the "
+                      "fleet is this large", evicted_by_count=evicted["instances"],
+                      evicted_by_bytes=evicted["bytes"], max_instances=settings.max_instances,
+                      max_instance_bytes=settings.max_instance_bytes,
+                      instances=len(state.instances))

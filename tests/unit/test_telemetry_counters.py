@@ -18,7 +18,7 @@ ATTRS = {"client_id": "app"}
 def test_evictions_are_warned_about_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
     state = t.TelemetryState(sub.TelemetrySettings(max_instances=1))
     counts = TelemetryCounters(CollectorRegistry())
-    caplog.set_level(logging.WARNING, "kproxy.telemetry")
+    caplog.set_level(logging.WARNING, "kproxy")
 
     def new_instance() -> None:
         assert state.get_subscriptions(uuid.UUID(int=0), ATTRS, 1_000).error_code == 0
