@@ -25,7 +25,7 @@ from kproxy.codecs import api_keys, compression
 from kproxy.codecs.messages import decode_response
 
 from .otlp_samples import librdkafka_like_payload
-from .support import RawClient, encode_request, kproxy_process, rss_kib
+from .support import RawClient, encode_request, kproxy_process, push_body, rss_kib
 
 BATCH = 25
 PUSH = compression.compress(4, librdkafka_like_payload(points=1))
@@ -68,10 +68,8 @@ async def flood(port: int, ids: int, size: int, connections: int = 4) -> int:
                 assert frame is not None
                 got = decode_response(frame, api_keys.GET_TELEMETRY_SUBSCRIPTIONS, 0).body
                 assert got["error_code"] == 0, got
-                pushes.append(encode_request(api_keys.PUSH_TELEMETRY, 0, n, {
-                    "client_instance_id": got["client_instance_id"],
-                    "subscription_id": got["subscription_id"], "terminating": False,
-                    "compression_type": 4, "metrics": PUSH}, cid))
+                pushes.append(encode_request(api_keys.PUSH_TELEMETRY, 0, n,
+                                             push_body(got, PUSH, 4), cid))
             await client.send(b"".join(pushes))
             for _ in batch:
                 frame = await client.read_frame(60)

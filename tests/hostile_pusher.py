@@ -28,7 +28,7 @@ from kproxy.codecs import compression
 from kproxy.codecs.framing import FrameReader
 from kproxy.codecs.messages import decode_response
 
-from .support import encode_request
+from .support import encode_request, push_body
 
 # One ResourceMetrics > ScopeMetrics > Metric > Gauge holding empty data points
 # (field 1, length 0: two bytes each), about 15 MiB in all.
@@ -92,10 +92,7 @@ def main() -> None:
                 with lock:
                     errors[-int(str(got["error_code"]))] += 1
                 continue
-            answer = c.request(72, {
-                "client_instance_id": got["client_instance_id"],
-                "subscription_id": got["subscription_id"], "terminating": False,
-                "compression_type": 4, "metrics": payload})
+            answer = c.request(72, push_body(got, payload, 4))
             with lock:
                 errors[int(str(answer["error_code"]))] += 1
             first.set()

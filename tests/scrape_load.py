@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ from kproxy.codecs.messages import decode_response
 
 from .otlp_samples import librdkafka_like_payload
 from .paced_produce import paced_produce
-from .support import encode_request
+from .support import encode_request, push_body, push_error
 
 BATCH = 200  # requests written at once per connection
 
@@ -70,12 +69,9 @@ def fill_series(bootstrap: str, instances: int, per_instance: int) -> None:
             for i, frame in enumerate(_roundtrips(sock, reader, gets)):
                 got = decode_response(frame, 71, 0).body
                 assert got["error_code"] == 0, got
-                pushes.append(encode_request(72, 0, i, {
-                    "client_instance_id": got["client_instance_id"],
-                    "subscription_id": got["subscription_id"], "terminating": False,
-                    "compression_type": 0, "metrics": payload}))
+                pushes.append(encode_request(72, 0, i, push_body(got, payload)))
             for frame in _roundtrips(sock, reader, pushes):
-                error = struct.unpack_from(">h", frame, 4 + 1 + 4)[0]  # corr, tags, throttle
+                error = push_error(frame)
                 assert error == 0, f"push refused with error {error}"
 
 

@@ -125,6 +125,19 @@ def encode_request(api_key: int, api_version: int, correlation_id: int,
     return struct.pack(">i", len(data)) + data
 
 
+def push_error(frame: bytes | memoryview) -> int:
+    """A PushTelemetry (v0) answer's error code, read where it lies (after the
+    correlation id, the header's tags and throttle_time_ms) without decoding the rest."""
+    return int(struct.unpack_from(">h", frame, 4 + 1 + 4)[0])
+
+
+def push_body(got: Any, metrics: bytes, compression_type: int = 0) -> dict[str, Any]:
+    """A PushTelemetry (v0) body for the instance ``got`` names (a Get's answer)."""
+    return {"client_instance_id": got["client_instance_id"],
+            "subscription_id": got["subscription_id"], "terminating": False,
+            "compression_type": compression_type, "metrics": metrics}
+
+
 async def http_get(port: int, path: str, headers: dict[str, str] | None = None,
                    raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
     """A minimal HTTP/1.1 GET (or raw bytes) against the proxy's endpoint, read to EOF."""

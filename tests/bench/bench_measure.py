@@ -235,7 +235,7 @@ def telemetry_pushes(bootstrap: str, kproxy: Path_, seconds: float,
     """PushTelemetry/s with real librdkafka-sized zstd payloads and the exporter live."""
     from kproxy.codecs.framing import FrameReader
     from kproxy.codecs.messages import decode_request, decode_response
-    from tests.support import encode_request
+    from tests.support import encode_request, push_body, push_error
 
     vectors = ROOT / "tests" / "vectors" / "librdkafka-telemetry.jsonl"
     push = next(json.loads(line) for line in vectors.read_text().splitlines()
@@ -258,10 +258,7 @@ def telemetry_pushes(bootstrap: str, kproxy: Path_, seconds: float,
         iid = uuid.uuid4()
         got = decode_response(roundtrip(i, encode_request(71, 0, i, {"client_instance_id": iid})),
                               71, 0).body
-        frames.append(encode_request(72, 0, i, {
-            "client_instance_id": got["client_instance_id"],
-            "subscription_id": got["subscription_id"], "terminating": False,
-            "compression_type": 4, "metrics": payload}))
+        frames.append(encode_request(72, 0, i, push_body(got, payload, 4)))
     time.sleep(0.15)  # one push interval (100 ms) since the Gets
     cpu0, t0 = kproxy.cpu_seconds(), time.perf_counter()
     accepted = refused = 0
@@ -275,7 +272,7 @@ def telemetry_pushes(bootstrap: str, kproxy: Path_, seconds: float,
             for _ in chunk:
                 while (f := r.next_frame()) is None:
                     r.feed(s.recv(1 << 20))
-                error = struct.unpack_from(">h", f, 4 + 1 + 4)[0]  # corr, tags, throttle
+                error = push_error(f)
                 accepted += error == 0
                 refused += error != 0
         i += batch

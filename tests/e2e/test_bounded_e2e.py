@@ -27,6 +27,7 @@ from ..support import (
     busy_core,
     kproxy_process,
     metric_value,
+    push_body,
     wait_until,
     worker_pids,
 )
@@ -188,10 +189,7 @@ def test_on_a_machine_with_no_idle_time_pushes_are_answered_without_waiting_for_
                 got = conn.request(71, {"client_instance_id": uuid.UUID(int=0)})
             assert got["error_code"] == 0, got
             began = time.monotonic()
-            answer = conn.request(72, {
-                "client_instance_id": got["client_instance_id"],
-                "subscription_id": got["subscription_id"], "terminating": False,
-                "compression_type": 4, "metrics": payload})
+            answer = conn.request(72, push_body(got, payload, 4))
             return int(str(answer["error_code"])), time.monotonic() - began
 
         error, took = push(hostile_pusher.bomb())

@@ -30,7 +30,7 @@ from kproxy.runtime.server import Proxy
 
 from ..fake_broker import FakeBroker
 from ..otlp_samples import librdkafka_like_payload
-from ..support import RawClient, encode_request, value_of
+from ..support import RawClient, encode_request, push_body, value_of
 from .test_parking import all_ended, closed_by_proxy, connected, parked, parked_gauge, session_tasks
 from .test_parking import start_proxy as start_parking_proxy
 from .test_proxy_inprocess import METADATA_V12
@@ -331,10 +331,8 @@ async def test_a_response_the_lane_cannot_read_ends_the_session_as_on_the_trio_p
 
 def push(got: dict[str, object], cid: int, points: int) -> bytes:
     """A PushTelemetry request for the instance ``got`` (a Get's answer), uncompressed."""
-    return encode_request(api_keys.PUSH_TELEMETRY, 0, cid, {
-        "client_instance_id": got["client_instance_id"],
-        "subscription_id": got["subscription_id"], "terminating": False,
-        "compression_type": 0, "metrics": librdkafka_like_payload(points)})
+    return encode_request(api_keys.PUSH_TELEMETRY, 0, cid,
+                          push_body(got, librdkafka_like_payload(points)))
 
 
 async def pipelined(client: RawClient, requests: list[bytes], cids: list[int]

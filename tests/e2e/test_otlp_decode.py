@@ -235,7 +235,7 @@ async def test_a_refused_bomb_is_answered_in_request_order_and_counted(
     from kproxy.runtime.server import Proxy
 
     from ..fake_broker import FakeBroker
-    from ..support import RawClient, encode_request, http_get, make_config
+    from ..support import RawClient, encode_request, http_get, make_config, push_body
 
     fake = await FakeBroker(node_ids=[0]).start(nursery)
     proxy = Proxy(make_config(fake.bootstrap, node_id_range="0-0"))
@@ -248,10 +248,7 @@ async def test_a_refused_bomb_is_answered_in_request_order_and_counted(
                 "include_topic_authorized_operations": False}
     await client.send(
         encode_request(api_keys.METADATA, 12, 2, metadata)
-        + encode_request(api_keys.PUSH_TELEMETRY, 0, 3, {
-            "client_instance_id": got["client_instance_id"],
-            "subscription_id": got["subscription_id"], "terminating": False,
-            "compression_type": 4, "metrics": bomb()})
+        + encode_request(api_keys.PUSH_TELEMETRY, 0, 3, push_body(got, bomb(), 4))
         + encode_request(api_keys.METADATA, 12, 4, metadata))
     frames = [await client.read_frame(30) for _ in range(3)]
     assert [peek_correlation_id(f) for f in frames if f is not None] == [2, 3, 4]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import uuid
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from kproxy.codecs.messages import decode_response
 from kproxy.embedded_broker import TansuBroker
 
 from ..otlp_samples import librdkafka_like_payload
-from ..support import encode_request, kproxy_process, metric_value
+from ..support import encode_request, kproxy_process, metric_value, push_body, push_error
 
 BUDGET = 32 * 1024  # bytes of instances a worker remembers: about 20 of these
 CONNECTIONS, PER_CONNECTION = 8, 40
@@ -55,11 +54,8 @@ class TelemetryClient:
         return got
 
     def push(self, got: dict[str, object]) -> int:
-        frame = self._roundtrip(72, {
-            "client_instance_id": got["client_instance_id"],
-            "subscription_id": got["subscription_id"], "terminating": False,
-            "compression_type": 0, "metrics": self.payload})
-        return int(struct.unpack_from(">h", frame, 4 + 1 + 4)[0])  # corr, tags, throttle
+        frame = self._roundtrip(72, push_body(got, self.payload))
+        return push_error(frame)
 
 
 def test_a_fleet_beyond_the_instance_budget_is_bounded_counted_and_still_served(

@@ -23,7 +23,7 @@ from kproxy.policies.connection import ClientInfo, ConnectionState
 from kproxy.telemetry.service import TelemetryService
 
 from ..hostile_pusher import bomb
-from ..support import encode_request, make_config
+from ..support import encode_request, make_config, push_body
 
 HOLD_MS = 400
 INVALID_RECORD = policy.INVALID_RECORD
@@ -58,10 +58,7 @@ class Client:
                                        frame)
 
     def push(self, got: dict[str, Any], metrics: bytes) -> bytes | Awaitable[bytes]:
-        frame = self._frame(api_keys.PUSH_TELEMETRY, {
-            "client_instance_id": got["client_instance_id"],
-            "subscription_id": got["subscription_id"], "terminating": False,
-            "compression_type": 4, "metrics": metrics})
+        frame = self._frame(api_keys.PUSH_TELEMETRY, push_body(got, metrics, 4))
         return self.service.handle_push(cast(ConnectionState, self.conn),
                                         peek_request(frame), frame)
 
