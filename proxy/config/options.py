@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.codecs.framing import DEFAULT_MAX_FRAME_BYTES
-from kproxy.policies.telemetry_subscriptions import COMPRESSION_NAMES
+from kproxy.policies.telemetry.subscriptions import COMPRESSION_NAMES
 
 
 class ConfigError(Exception):

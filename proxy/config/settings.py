@@ -34,7 +34,7 @@ from kproxy.config.telemetry_options import OTLP_OPTIONS, TELEMETRY_OPTIONS
 from kproxy.config.virtual_clusters import VirtualClusterSettings, virtual_clusters
 from kproxy.policies.addressing import PortMap, SniNames
 from kproxy.policies.auth.quotas import QuotaEntry
-from kproxy.policies.telemetry_subscriptions import (
+from kproxy.policies.telemetry.subscriptions import (
     ALL_METRICS,
     PolicyError,
     TelemetrySettings,

@@ -18,7 +18,7 @@ from kproxy.config.options import (
     parse_seconds,
     parse_url,
 )
-from kproxy.policies.telemetry_subscriptions import DEFAULT_MAX_INSTANCE_BYTES
+from kproxy.policies.telemetry.subscriptions import DEFAULT_MAX_INSTANCE_BYTES
 
 
 def _telemetry(name: str, parse: Callable[[Any], Any], default: Any, help_: str,

@@ -31,7 +31,7 @@ from kproxy.http.server import Handler, HttpRequest, HttpResponse
 from kproxy.http.status_page import render
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.metadata_bridge import BRIDGED_VERSION
-from kproxy.policies.telemetry import ClientInstance
+from kproxy.policies.telemetry.state import ClientInstance
 from kproxy.session.latency_sketch import merge, quantile
 from kproxy.session.session import Session
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kproxy.policies.telemetry import TelemetryState
+from kproxy.policies.telemetry.state import TelemetryState
 
 Facts = dict[str, Any]
 

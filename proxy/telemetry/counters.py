@@ -12,9 +12,9 @@ import logging
 from prometheus_client import CollectorRegistry, Counter
 
 from kproxy.logs import RateLimitedLog
-from kproxy.policies import telemetry as policy
-from kproxy.policies import telemetry_subscriptions as subs
-from kproxy.policies.telemetry_store import IngestStats
+from kproxy.policies.telemetry import state as policy
+from kproxy.policies.telemetry import subscriptions as subs
+from kproxy.policies.telemetry.store import IngestStats
 
 _COMPRESSION = {v: k for k, v in subs.COMPRESSION_NAMES.items()}
 WARNING_EVERY_S = 60.0  # each of the warnings below, at most this often

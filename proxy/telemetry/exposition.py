@@ -13,15 +13,14 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kproxy.metrics.exposition import COLLECT_YOUNG, Piece, value_text
-from kproxy.policies.telemetry_store import (
-    INSTANCE_LABELS_END,
+from kproxy.policies.telemetry.series import (
     NO_HIST,
-    Family,
     InstanceSeries,
     cumulative_buckets,
     hist_buckets,
     hist_parts,
 )
+from kproxy.policies.telemetry.store import INSTANCE_LABELS_END, Family
 
 if TYPE_CHECKING:
     from kproxy.telemetry.service import TelemetryService
@@ -78,7 +77,7 @@ class ClientMetricsCollector:
         tails: dict[tuple[str, ...], str] = {}
         labelled = 0
         for own in instances:
-            if len(own.tails) < len(own.index):
+            if len(own.tails) < len(own.slot_of):
                 labelled += _label(own, heads, tails)
                 if labelled >= LABELS_PER_COLLECTION:
                     labelled = 0
@@ -93,15 +92,15 @@ class ClientMetricsCollector:
         grouped: dict[str, tuple[deque[InstanceSeries], deque[int]]] = {}
         copied = 0
         for own in instances:
-            if len(own.tails) < len(own.index):  # arrived since the labelling above
+            if len(own.tails) < len(own.slot_of):  # arrived since the labelling above
                 _label(own, heads, tails)
-            for key, i in own.index.items():  # no yield inside: own is stable
+            for key, i in own.slot_of.items():  # no yield inside: own is stable
                 found = grouped.get(key[0])
                 if found is None:
                     found = grouped[key[0]] = (deque(), deque())
                 found[0].append(own)
                 found[1].append(i)
-            copied += len(own.index)
+            copied += len(own.slot_of)
             if copied >= self.piece_rows:
                 copied = 0
                 yield None
@@ -132,7 +131,7 @@ def _label(own: InstanceSeries, heads: dict[tuple[str, ...], str],
     instance's labels, then its point's attributes. Parts made in one scrape are
     shared: an instance's series hold one ``head`` string. Returns how many it labelled."""
     new_heads, new_tails = [], []
-    for key in islice(own.index, len(own.tails), None):
+    for key in islice(own.slot_of, len(own.tails), None):
         base, attrs = key[1:INSTANCE_LABELS_END], key[INSTANCE_LABELS_END:]
         head = heads.get(base)
         if head is None:
@@ -164,5 +163,5 @@ def _sample_lines(family: Family, series: list[tuple[InstanceSeries, int]]) -> s
             out.append(f"{name}_sum{{{text}}} {value_text(total)}\n")
         return "".join(out)
     sample = name + "_total" if family.kind == "counter" else name
-    return "".join([f"{sample}{{{own.heads[i]}{own.tails[i]}}} {value_text(own.values[i])}\n"
+    return "".join([f"{sample}{{{own.heads[i]}{own.tails[i]}}} {value_text(own[i])}\n"
                     for own, i in series])

@@ -28,7 +28,7 @@ from kproxy.logs import RateLimitedLog
 from kproxy.policies import otlp_batch
 from kproxy.policies.connection import ConnectionState
 from kproxy.policies.otlp_batch import Batch, BatchSettings, ExportQueue, Push, RetryPolicy
-from kproxy.policies.telemetry import ClientInstance
+from kproxy.policies.telemetry.state import ClientInstance
 
 if TYPE_CHECKING:
     from kproxy.runtime.server import Proxy
@@ -118,7 +118,7 @@ class OtlpExporter:
             return
         info = conn.info
         resource = {
-            "client.instance.id": str(instance.instance_id),
+            "client.instance.id": instance.attrs["client_instance_id"],
             "client.id": _cut(info.client_id or instance.attrs.get("client_id", "")),
             "client.software.name": _cut(info.software_name
                                          or instance.attrs.get("client_software_name", "")),

@@ -1,8 +1,8 @@
 """KIP-714 termination in the proxy: the two local handlers and the /metrics collector.
 
 GetTelemetrySubscriptions (71) and PushTelemetry (72) are answered here and never
-reach the broker; the decisions are ``policies.telemetry``'s, the series
-``policies.telemetry_store``'s. The answers go through the connection's ordered
+reach the broker; the decisions are ``policies.telemetry.state``'s, the series
+``policies.telemetry.store``'s. The answers go through the connection's ordered
 queue like any other response.
 
 A push that passed its checks is decoded where it cannot hold up other
@@ -51,11 +51,11 @@ from kproxy.codecs.peek import RequestPeek
 from kproxy.codecs.push_request import decode_push
 from kproxy.config.settings import TelemetryConfig
 from kproxy.metrics.proxy_metrics import ProxyMetrics
-from kproxy.policies import telemetry as policy
-from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
 from kproxy.policies.connection import ConnectionState
-from kproxy.policies.telemetry_store import IngestStats, MetricsStore
+from kproxy.policies.telemetry import state as policy
+from kproxy.policies.telemetry import subscriptions as subs
+from kproxy.policies.telemetry.store import IngestStats, MetricsStore
 from kproxy.telemetry.counters import TelemetryCounters
 from kproxy.telemetry.exposition import ClientMetricsCollector
 from kproxy.telemetry.idle_thread import IdleTime, IdleTimeCollector
@@ -153,14 +153,14 @@ class TelemetryService:
         inst = result.instance
         reply = {
             "throttle_time_ms": throttle_ms, "error_code": result.error_code,
-            "client_instance_id": inst.instance_id if inst else uuid.UUID(int=0),
-            "subscription_id": inst.resolved.subscription_id if inst else 0,
+            "client_instance_id": inst.uuid if inst else uuid.UUID(int=0),
+            "subscription_id": inst.subscription_id if inst else 0,
             "accepted_compression_types": list(settings.compression_types),
-            "push_interval_ms": inst.resolved.interval_ms if inst else
+            "push_interval_ms": inst.interval_ms if inst else
             subs.DEFAULT_INTERVAL_MS,
             "telemetry_max_bytes": settings.max_bytes,
             "delta_temporality": settings.delta_temporality,
-            "requested_metrics": list(inst.resolved.requested_metrics) if inst else [],
+            "requested_metrics": list(inst.requested_metrics) if inst else [],
         }
         return encode_response_parts(api_keys.GET_TELEMETRY_SUBSCRIPTIONS, peek.api_version,
                                      peek.correlation_id, reply)

@@ -22,7 +22,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from kproxy.codecs.otlp.model import decode_metrics_data
 from kproxy.metrics.proxy_metrics import ProxyMetrics
-from kproxy.policies.telemetry_store import MetricsStore
+from kproxy.policies.telemetry.store import MetricsStore
 from kproxy.telemetry.exposition import ClientMetricsCollector
 from kproxy.telemetry.service import TelemetryService
 from tests.otlp_samples import as_temporality, kv, librdkafka_like_payload, number_values

@@ -127,7 +127,7 @@ async def test_label_text_is_kept_and_a_scrape_reads_as_the_first() -> None:
         return [ln for ln in body.decode().splitlines() if ln.startswith("org_apache")]
 
     first = await client_lines()
-    assert all(len(own.heads) == len(own.index) and all(own.heads)
+    assert all(len(own.heads) == len(own.slot_of) and all(own.heads)
                for own in service.store.series.values())
     assert await client_lines() == first
     assert gc.isenabled(), "a scrape left the garbage collector paused"

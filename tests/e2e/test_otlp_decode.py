@@ -22,8 +22,8 @@ from kproxy.codecs.otlp.decode import (
     OtlpLimitExceeded,
     decode_metrics_data,
 )
-from kproxy.policies import telemetry as t
-from kproxy.policies import telemetry_subscriptions as subs
+from kproxy.policies.telemetry import state as t
+from kproxy.policies.telemetry import subscriptions as subs
 from kproxy.telemetry.pacing import LEAST_REST, REST_EVERY, Pacer
 
 from ..hostile_pusher import bomb, varint
@@ -171,13 +171,13 @@ def test_the_policy_names_the_limit_a_refused_push_passed() -> None:
     got = st.get_subscriptions(uuid.UUID(int=0), {}, now)
     assert got.instance is not None
     inst = got.instance
-    result = st.push(inst.instance_id, inst.resolved.subscription_id, False, 4, bomb(), {},
+    result = st.push(inst.uuid, inst.subscription_id, False, 4, bomb(), {},
                      now + 1)
     assert (result.error_code, result.limit) == (t.INVALID_RECORD, "points")
     st2 = t.TelemetryState(subs.TelemetrySettings(max_decompressed_bytes=1 << 20))
     got = st2.get_subscriptions(uuid.UUID(int=0), {}, now)
     assert got.instance is not None
-    result = st2.push(got.instance.instance_id, got.instance.resolved.subscription_id, False,
+    result = st2.push(got.instance.uuid, got.instance.subscription_id, False,
                       4, bomb(), {}, now + 1)
     assert (result.error_code, result.limit) == (t.INVALID_RECORD, "decompressed_bytes")
 

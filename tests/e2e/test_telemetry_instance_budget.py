@@ -26,7 +26,7 @@ from ..support import encode_request, kproxy_process, metric_value, push_body, p
 
 BUDGET = 32 * 1024  # bytes of instances a worker remembers: about 20 of these
 CONNECTIONS, PER_CONNECTION = 8, 40
-INSTANCE_OVERHEAD = 1024  # policies.telemetry: an instance's least estimated size
+INSTANCE_OVERHEAD = 1024  # policies.telemetry.state: an instance's least estimated size
 
 
 class TelemetryClient:

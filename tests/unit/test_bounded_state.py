@@ -11,10 +11,10 @@ from kproxy.archive import ArchiveSettings, ArchiveWriter
 from kproxy.codecs.otlp import model as otlp
 from kproxy.logs import JsonFormatter, RateLimitedLog, TextFormatter
 from kproxy.metrics.proxy_metrics import ProxyMetrics
-from kproxy.policies import telemetry as t
-from kproxy.policies import telemetry_subscriptions as subs
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
-from kproxy.policies.telemetry_store import MAX_POINT_LABELS, MetricsStore
+from kproxy.policies.telemetry import state as t
+from kproxy.policies.telemetry import subscriptions as subs
+from kproxy.policies.telemetry.store import MAX_POINT_LABELS, MetricsStore
 
 from ..otlp_samples import librdkafka_like_payload
 

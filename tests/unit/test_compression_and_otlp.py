@@ -141,7 +141,7 @@ def _real_pushes() -> list[tuple[str, bytes]]:
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_real_librdkafka_pushes_decompress_and_decode(codec: str, frame: bytes) -> None:
     from kproxy.codecs.messages import decode_request
-    from kproxy.policies.telemetry_subscriptions import COMPRESSION_NAMES
+    from kproxy.policies.telemetry.subscriptions import COMPRESSION_NAMES
 
     body = decode_request(frame).body
     assert body["compression_type"] == COMPRESSION_NAMES[codec]

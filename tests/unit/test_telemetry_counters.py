@@ -8,8 +8,8 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kproxy.policies import telemetry as t
-from kproxy.policies import telemetry_subscriptions as sub
+from kproxy.policies.telemetry import state as t
+from kproxy.policies.telemetry import subscriptions as sub
 from kproxy.telemetry.counters import TelemetryCounters
 
 ATTRS = {"client_id": "app"}

@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from kproxy.codecs import compression
-from kproxy.policies import telemetry as t
-from kproxy.policies import telemetry_subscriptions as sub
-from kproxy.policies.telemetry_store import MetricsStore, label_name, metric_name
+from kproxy.policies.telemetry import state as t
+from kproxy.policies.telemetry import subscriptions as sub
+from kproxy.policies.telemetry.store import MetricsStore, label_name, metric_name
 
 from ..otlp_samples import librdkafka_like_payload
 
@@ -83,7 +83,7 @@ def _state(**kw: object) -> t.TelemetryState:
 def test_get_assigns_an_id_then_keeps_it_and_throttles() -> None:
     st = _state()
     first = st.get_subscriptions(uuid.UUID(int=0), ATTRS, now=10_000)
-    assert first.error_code == t.NONE and first.instance and first.instance.instance_id == ID
+    assert first.error_code == t.NONE and first.instance and first.instance.uuid == ID
     again = st.get_subscriptions(ID, ATTRS, now=10_500)
     assert again.error_code == t.THROTTLING_QUOTA_EXCEEDED
     assert st.get_subscriptions(ID, ATTRS, now=11_000).error_code == t.NONE
@@ -93,7 +93,7 @@ def test_push_checks_in_broker_order() -> None:
     st = _state(max_bytes=2000)
     inst = st.get_subscriptions(ID, ATTRS, now=10_000).instance
     assert inst is not None
-    sub = inst.resolved.subscription_id
+    sub = inst.subscription_id
     payload = compression.compress(4, librdkafka_like_payload())
     # First push right after a Get is accepted even inside the interval.
     assert st.push(ID, sub, False, 4, payload, ATTRS, now=10_100).error_code == t.NONE
@@ -122,7 +122,7 @@ def test_terminating_push_is_accepted_once_even_early() -> None:
     st = _state()
     inst = st.get_subscriptions(ID, ATTRS, now=10_000).instance
     assert inst is not None
-    sub = inst.resolved.subscription_id
+    sub = inst.subscription_id
     assert st.push(ID, sub, False, 0, b"", ATTRS, now=10_100).error_code == t.NONE
     assert st.push(ID, sub, True, 0, b"", ATTRS, now=10_200).error_code == t.NONE
     assert st.push(ID, sub, True, 0, b"", ATTRS, now=10_300).error_code == t.INVALID_REQUEST
@@ -133,12 +133,12 @@ def test_reconfigure_makes_the_old_subscription_stale() -> None:
     inst = st.get_subscriptions(ID, ATTRS, now=10_000).instance
     assert inst is not None
     st.reconfigure(settings({"metrics": ["org."], "interval_ms": 1000}))
-    stale = st.push(ID, inst.resolved.subscription_id, False, 0, b"", ATTRS, now=10_100)
+    stale = st.push(ID, inst.subscription_id, False, 0, b"", ATTRS, now=10_100)
     assert stale.error_code == t.UNKNOWN_SUBSCRIPTION_ID
     # After a 117 the client may fetch again at once.
     fresh = st.get_subscriptions(ID, ATTRS, now=10_200)
     assert fresh.error_code == t.NONE and fresh.instance
-    assert fresh.instance.resolved.requested_metrics == ("org.",)
+    assert fresh.instance.requested_metrics == ("org.",)
 
 
 def test_a_reload_of_the_proxys_own_bounds_keeps_subscriptions() -> None:
@@ -152,21 +152,26 @@ def test_a_reload_of_the_proxys_own_bounds_keeps_subscriptions() -> None:
     bounds = dataclasses.replace(st.settings, refused_push_hold_ms=0, max_instances=2,
                                  max_instance_bytes=10**9)
     st.reconfigure(bounds)
-    assert list(st.instances) == ids[1:] and st.evicted == {"instances": 1, "bytes": 0}
+    assert list(st.instances) == keys(ids[1:]) and st.evicted == {"instances": 1, "bytes": 0}
     inst = made[2]
     assert inst is not None
-    kept = st.push(ids[2], inst.resolved.subscription_id, False, 0, b"", ATTRS, now=10_100)
+    kept = st.push(ids[2], inst.subscription_id, False, 0, b"", ATTRS, now=10_100)
     assert kept.error_code == t.NONE
 
 
+def keys(ids: list[uuid.UUID]) -> list[int]:
+    """The state's keys for ``ids``."""
+    return [i.int for i in ids]
+
+
 def test_expiry_and_lru_bound_forget_instances() -> None:
-    forgotten: list[uuid.UUID] = []
+    forgotten: list[int] = []  # instance ids as the state keys them (UUID.int)
     st = t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 1000}, max_instances=3),
                           on_forget=forgotten.append)
     ids = [uuid.UUID(int=i) for i in range(1, 6)]
     for i, iid in enumerate(ids):
         st.get_subscriptions(iid, ATTRS, now=1000 + i)
-    assert list(st.instances) == ids[2:] and forgotten == ids[:2]  # LRU bound
+    assert list(st.instances) == keys(ids[2:]) and forgotten == keys(ids[:2])  # LRU bound
     assert st.expire(now=1000 + 60_000) == 0  # max(60 s, 3 x interval) not yet passed
     assert st.expire(now=1005 + 60_001) == 3 and not st.instances
 
@@ -175,44 +180,44 @@ def test_expiry_in_steps_looks_at_a_bounded_number_each_step() -> None:
     """``expire_steps`` (a scrape's sweep): each step looks at ``per_step`` instances
     or ends at one forgotten; instances that change between steps are judged as they
     are then; the result is ``expire``'s."""
-    forgotten: list[uuid.UUID] = []
+    forgotten: list[int] = []  # instance ids as the state keys them (UUID.int)
     st = t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 1000}),
                           on_forget=forgotten.append)
     ids = [uuid.UUID(int=i) for i in range(1, 11)]
     for i, iid in enumerate(ids):
         st.get_subscriptions(iid, ATTRS, now=1000 + (i % 2) * 50_000)  # odd ones younger
     steps = st.expire_steps(now=1000 + 60_001, per_step=3)
-    assert next(steps) == 1 and forgotten == ids[:1]  # the first instance, old: forgotten
-    st.instances[ids[2]].last_seen_ms = 1000 + 60_001  # seen again meanwhile
+    assert next(steps) == 1 and forgotten == keys(ids[:1])  # the first, old: forgotten
+    st.instances[ids[2].int].last_seen_ms = 1000 + 60_001  # seen again meanwhile
     # A full step of three looked at (none old now), then a step per old one, the end.
     assert list(steps) == [1, 2, 3, 4, 4]
-    assert forgotten == [ids[0], ids[4], ids[6], ids[8]]
-    assert set(st.instances) == {ids[2], *ids[1::2]}
+    assert forgotten == keys([ids[0], ids[4], ids[6], ids[8]])
+    assert set(st.instances) == set(keys([ids[2], *ids[1::2]]))
 
 
 def test_requests_sweep_a_step_each_and_never_keep_an_expired_instance() -> None:
     """A request advances the expiry sweep by one step (``REQUEST_EXPIRY_STEP``
     instances), not all of them at once; the instance it names is judged on its own:
     expired, it is forgotten (its series with it) and started afresh."""
-    forgotten: list[uuid.UUID] = []
+    forgotten: list[int] = []  # instance ids as the state keys them (UUID.int)
     st = t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 1000}),
                           on_forget=forgotten.append)
     ids = [uuid.UUID(int=i) for i in range(1, 201)]
     for iid in ids:
         st.get_subscriptions(iid, ATTRS, now=1000)
-    before = st.instances[ids[-1]]
+    before = st.instances[ids[-1].int]
     late = 1000 + 60_001  # every instance expired
-    pushed = st.push(ids[-1], before.resolved.subscription_id, False, 0, b"", ATTRS,
+    pushed = st.push(ids[-1], before.subscription_id, False, 0, b"", ATTRS,
                      now=late)
     assert pushed.instance is not None and pushed.instance is not before  # afresh
     # That request swept one step and forgot its own instance, no more.
-    assert forgotten == [ids[0], ids[-1]]
+    assert forgotten == keys([ids[0], ids[-1]])
     n = 1
     while len(forgotten) < len(ids):  # each further request: one more step
         st.get_subscriptions(ids[-1], ATTRS, now=late + n)
         n += 1
     assert n > len(ids) // t.REQUEST_EXPIRY_STEP
-    assert set(st.instances) == {ids[-1]}
+    assert set(st.instances) == {ids[-1].int}
 
 
 def test_store_kinds_names_and_labels() -> None:

@@ -18,8 +18,8 @@ from kproxy.codecs import api_keys
 from kproxy.codecs.messages import decode_response
 from kproxy.codecs.peek import peek_request
 from kproxy.metrics.proxy_metrics import ProxyMetrics
-from kproxy.policies import telemetry as policy
 from kproxy.policies.connection import ClientInfo, ConnectionState
+from kproxy.policies.telemetry import state as policy
 from kproxy.telemetry.service import TelemetryService
 
 from ..hostile_pusher import bomb

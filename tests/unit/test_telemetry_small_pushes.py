@@ -22,9 +22,9 @@ from kproxy.codecs.otlp.decode import DecodeLimits, decode_metrics_data
 from kproxy.codecs.otlp.small import SMALL_POINTS, decode_small
 from kproxy.codecs.peek import peek_request
 from kproxy.metrics.proxy_metrics import ProxyMetrics
-from kproxy.policies import telemetry as policy
 from kproxy.policies.connection import ClientInfo, ConnectionState
-from kproxy.policies.telemetry_store import MetricsStore
+from kproxy.policies.telemetry import state as policy
+from kproxy.policies.telemetry.store import MetricsStore
 from kproxy.telemetry import service as telemetry
 from kproxy.telemetry.service import TelemetryService
 
@@ -135,8 +135,8 @@ class Pusher:
         self.now += 1000
         self.corr += 1
         frame = memoryview(encode_request(api_keys.PUSH_TELEMETRY, 0, self.corr, {
-            "client_instance_id": self.instance.instance_id,
-            "subscription_id": self.instance.resolved.subscription_id, "terminating": False,
+            "client_instance_id": self.instance.uuid,
+            "subscription_id": self.instance.subscription_id, "terminating": False,
             "compression_type": compression_type,
             "metrics": compression.compress(compression_type, raw)})[4:])
         return self.service.handle_push(cast(ConnectionState, self.conn), peek_request(frame),

@@ -16,8 +16,8 @@ from kproxy.metrics.group_merge import GroupMerge, group_facts
 from kproxy.metrics.telemetry_merge import telemetry_facts
 from kproxy.metrics.worker_merge import CARRY_KEEP_S, MAX_CARRIED, CounterFloors, WorkerMerge
 from kproxy.policies.groups import GroupLimits, GroupTracker
-from kproxy.policies.telemetry import NONE, TelemetryState
-from kproxy.policies.telemetry_subscriptions import Subscription, TelemetrySettings
+from kproxy.policies.telemetry.state import NONE, TelemetryState
+from kproxy.policies.telemetry.subscriptions import Subscription, TelemetrySettings
 
 from ..otlp_samples import librdkafka_like_payload
 
@@ -106,12 +106,12 @@ def test_a_push_to_a_worker_that_never_handed_out_the_subscription_is_accepted()
     a, b = TelemetryState(SETTINGS), TelemetryState(SETTINGS)
     got = a.get_subscriptions(uuid.UUID(int=0), ATTRS, 5_000)
     assert got.instance is not None
-    inst, sub = got.instance.instance_id, got.instance.resolved.subscription_id
+    inst, sub = got.instance.uuid, got.instance.subscription_id
     assert a.push(inst, sub, False, 0, librdkafka_like_payload(), ATTRS, 5_100).error_code == NONE
     # Its next push, after the interval, reaches worker b over a new connection.
     pushed = b.push(inst, sub, False, 0, librdkafka_like_payload(), ATTRS, 6_200)
     assert pushed.error_code == NONE and pushed.metrics
-    assert b.instances[inst].resolved.subscription_id == sub  # every worker agrees
+    assert b.instances[inst.int].subscription_id == sub  # every worker agrees
     # But a stale subscription id is still refused there, and pushes are still paced.
     assert b.push(inst, sub ^ 1, False, 0, None, ATTRS, 7_300).error_code != NONE
     assert b.push(inst, sub, False, 0, None, ATTRS, 7_400).error_code != NONE

@@ -21,8 +21,8 @@ from kproxy.codecs.otlp.decode import decode_metrics_data
 from kproxy.codecs.otlp.shape import Shape
 from kproxy.codecs.otlp.vetting import limit_of
 from kproxy.policies.bounds import MAX_LABEL_CHARS, bounded
-from kproxy.policies.telemetry_store import Landing
-from kproxy.policies.telemetry_subscriptions import Resolved, TelemetrySettings, resolve
+from kproxy.policies.telemetry.store import Landing
+from kproxy.policies.telemetry.subscriptions import TelemetrySettings, resolve
 
 # Kafka error codes used by the telemetry APIs (names kept short for the checks below).
 NONE = ErrorCode.NONE
@@ -68,9 +68,20 @@ class LastPush:
 
 @dataclass
 class ClientInstance:
-    instance_id: uuid.UUID
+    """One client instance's subscription and pacing.
+
+    A fleet has one of these per client, for minutes, and a full collection walks
+    every tracked object with the loop held (82 ms at 20,000 instances when each held
+    five). So the instance is one tracked object, this, and what it holds is not
+    tracked: its id as the int of its 128 bits (``uuid`` gives the UUID back), its
+    subscription's fields inline, not in an object of their own.
+    """
+
+    instance_id: int  # uuid.UUID.int
     attrs: dict[str, str]
-    resolved: Resolved
+    requested_metrics: tuple[str, ...]  # the three fields of its ``Resolved`` subscription
+    interval_ms: int
+    subscription_id: int
     settings_version: int
     last_get_ms: int = 0
     last_push_ms: int = 0
@@ -85,6 +96,10 @@ class ClientInstance:
     asked: bool = False  # it sent a Get or a push here since it was (re)made
 
     @property
+    def uuid(self) -> uuid.UUID:
+        return uuid.UUID(int=self.instance_id)
+
+    @property
     def size(self) -> int:
         """Estimated bytes this instance holds (its attributes are bounded in length)."""
         attrs = sum(len(k) + len(v) for k, v in self.attrs.items())
@@ -92,14 +107,14 @@ class ClientInstance:
 
     @property
     def expires_after_ms(self) -> int:
-        return max(60_000, 3 * self.resolved.interval_ms)
+        return max(60_000, 3 * self.interval_ms)
 
     def expired(self, now: int) -> bool:
         return now - self.last_seen_ms > self.expires_after_ms
 
     def may_get(self, now: int) -> bool:
         first, self.asked = not self.asked, True
-        if first or now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms:
+        if first or now - max(self.last_get_ms, self.last_push_ms) >= self.interval_ms:
             self.last_get_ms = now
             return True
         return False
@@ -110,7 +125,7 @@ class ClientInstance:
         # at the epoch): its Get went to another worker, or to this one before a restart.
         first, self.asked = not self.asked, True
         ok = first or self.last_get_ms > self.last_push_ms or (
-            now - max(self.last_get_ms, self.last_push_ms) >= self.resolved.interval_ms)
+            now - max(self.last_get_ms, self.last_push_ms) >= self.interval_ms)
         if ok:
             self.last_push_ms = now
         return ok
@@ -153,10 +168,11 @@ class TelemetryState:
 
     def __init__(self, settings: TelemetrySettings,
                  new_instance_id: Callable[[], uuid.UUID] = uuid.uuid4,
-                 on_forget: Callable[[uuid.UUID], None] | None = None) -> None:
+                 on_forget: Callable[[int], None] | None = None) -> None:
         self.settings = settings
         self.version = 0
-        self.instances: OrderedDict[uuid.UUID, ClientInstance] = OrderedDict()
+        # By the id's int (``ClientInstance.instance_id``); ``on_forget`` is given it too.
+        self.instances: OrderedDict[int, ClientInstance] = OrderedDict()
         self._new_id = new_instance_id
         self._on_forget = on_forget
         self._swept_at: int | None = None
@@ -202,7 +218,7 @@ class TelemetryState:
                 yield gone
         yield gone
 
-    def _forget(self, instance_id: uuid.UUID) -> None:
+    def _forget(self, instance_id: int) -> None:
         gone = self.instances.pop(instance_id, None)
         if gone is None:
             return
@@ -210,8 +226,9 @@ class TelemetryState:
         if self._on_forget:
             self._on_forget(instance_id)
 
-    def _instance(self, instance_id: uuid.UUID, attrs: dict[str, str],
+    def _instance(self, instance_uuid: uuid.UUID, attrs: dict[str, str],
                   now: int) -> ClientInstance:
+        instance_id = instance_uuid.int
         inst = self.instances.get(instance_id)
         if inst is not None and inst.expired(now):
             self._forget(instance_id)  # expired, not swept yet: as if it had been
@@ -222,11 +239,11 @@ class TelemetryState:
             # Attributes are what the client chose: bounded before they are matched,
             # kept, or become labels.
             full = {k: bounded(v, MAX_LABEL_CHARS) for k, v in attrs.items()}
-            full["client_instance_id"] = str(instance_id)
+            full["client_instance_id"] = str(instance_uuid)
             if inst is not None:
                 self.instance_bytes -= inst.size
-            inst = ClientInstance(instance_id, full, resolve(self.settings, instance_id, full),
-                                  self.version)
+            inst = ClientInstance(instance_id, full,
+                                  *resolve(self.settings, instance_uuid, full), self.version)
             self.instances[instance_id] = inst
             self.instance_bytes += inst.size
         self.instances.move_to_end(instance_id)
@@ -349,7 +366,7 @@ class TelemetryState:
             return INVALID_REQUEST, "push after a terminating push"
         if not inst.may_push(now) and not terminating:
             return THROTTLING_QUOTA_EXCEEDED, "push before the push interval elapsed"
-        if subscription_id != inst.resolved.subscription_id:
+        if subscription_id != inst.subscription_id:
             return UNKNOWN_SUBSCRIPTION_ID, "stale subscription id"
         if compression_type not in (0, *self.settings.compression_types):
             return UNSUPPORTED_COMPRESSION_TYPE, f"compression type {compression_type}"

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
-import uuid
-from array import array
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import Literal, cast
@@ -33,21 +31,17 @@ from kproxy.policies.bounds import (
     bounded,
     clipped,
 )
+from kproxy.policies.telemetry.series import (
+    InstanceSeries,
+    Labels,
+    Series,
+    SeriesKey,
+    histogram_state,
+)
 
+# What names an instance's series: ``TelemetryState``'s id (an int, not tracked).
+InstanceKey = Hashable
 Kind = Literal["counter", "gauge", "histogram"]
-Labels = tuple[tuple[str, str], ...]
-# A series' key: its family's name, then its labels' names and values in turn (the
-# instance's labels, then the point's attributes, sorted). Flat, of strings only, as is
-# ``Hist``: the collector untracks such a tuple in the first young collection it
-# survives. A tuple of tuples stays tracked until every level below it is untracked
-# (a collection a level, the outer first), so nested keys reached the oldest generation
-# still tracked, one per series: while a fleet grew, full collections came every few
-# hundred new series and walked them all with the loop held.
-SeriesKey = tuple[str, ...]
-# A histogram series' count, sum, bounds and per-bucket (not cumulative) counts, one
-# more bucket than bounds, in one flat tuple of floats (``hist_parts`` takes it apart).
-Hist = tuple[float, ...]
-NO_HIST: Hist = ()
 INSTANCE_LABELS = ("client_instance_id", "client_id", "client_software_name",
                    "client_software_version")
 INSTANCE_LABELS_END = 1 + 2 * len(INSTANCE_LABELS)  # where a key's attributes start
@@ -89,67 +83,6 @@ def label_value(value: otlp.AttrValue) -> str:
     if isinstance(value, str):
         return bounded(value, MAX_LABEL_CHARS)
     return str(value)  # ints (librdkafka's node.id) keep their value as digits
-
-
-def cumulative_buckets(bounds: tuple[float, ...],
-                       buckets: tuple[float, ...]) -> list[tuple[str, float]]:
-    """A histogram's ``le`` label text and cumulative count, bucket by bucket."""
-    out, running = [], 0.0
-    for bound, n in zip((*bounds, float("inf")), buckets, strict=False):
-        running += n
-        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-    return out
-
-
-class InstanceSeries:
-    """One instance's series, held column-wise so the cyclic garbage collector never
-    walks a series: a full collection visits every tracked object and every reference
-    a tracked container holds, with the loop held, and one object per series made it
-    ~100 ms at 250,000 series.
-
-    A series is a slot ``i``, given in order as series are added and never freed (a
-    series only goes with its instance). ``index`` finds a slot by its key (a flat
-    tuple of strings: untracked after a young collection, and the dict after the next
-    full one); ``values`` holds counters' and gauges' values (an array: one object,
-    with no object inside for a collection to visit); ``hists`` a histogram's state (a
-    flat tuple of floats, replaced whole). ``heads`` and ``tails`` hold the label text
-    of the slots a scrape labelled, in slot order, as tuples of strings (untracked):
-    ``head`` the instance's labels (one string shared), ``tail`` the point's attributes
-    with a leading comma.
-    """
-
-    __slots__ = ("heads", "hists", "index", "tails", "values")
-
-    def __init__(self) -> None:
-        self.index: dict[SeriesKey, int] = {}
-        self.values = array("d")
-        self.hists: dict[int, Hist] = {}
-        self.heads: tuple[str, ...] = ()
-        self.tails: tuple[str, ...] = ()
-
-    def add(self, key: SeriesKey) -> int:
-        """A new series' slot."""
-        i = self.index[key] = len(self.values)
-        self.values.append(0.0)
-        return i
-
-    def series(self, i: int) -> Series:
-        return Series(self.values[i], *hist_parts(self.hists.get(i, NO_HIST)))
-
-
-@dataclass(frozen=True, slots=True)
-class Series:
-    """One series' values at one moment, as ``MetricsStore.snapshot`` reads them; the
-    store itself keeps none of these (see ``InstanceSeries``)."""
-
-    value: float = 0.0
-    count: float = 0.0  # histograms
-    sum: float = 0.0
-    bounds: tuple[float, ...] = ()
-    buckets: tuple[float, ...] = ()  # per bucket, not cumulative
-
-    def cumulative_buckets(self) -> list[tuple[str, float]]:
-        return cumulative_buckets(self.bounds, self.buckets)
 
 
 @dataclass
@@ -209,19 +142,6 @@ def labels_of(key: SeriesKey) -> Labels:
     return tuple(zip(key[1::2], key[2::2], strict=True))
 
 
-def hist_parts(hist: Hist) -> tuple[float, float, tuple[float, ...], tuple[float, ...]]:
-    """A histogram state's count, sum, bounds and per-bucket counts."""
-    if not hist:
-        return 0.0, 0.0, (), ()
-    bounds = (len(hist) - 3) // 2
-    return hist[0], hist[1], hist[2:2 + bounds], hist[2 + bounds:]
-
-
-def hist_buckets(hist: Hist) -> int:
-    """How many buckets a histogram state holds."""
-    return (len(hist) - 1) // 2 if hist else 0
-
-
 class MetricsStore:
     def __init__(self, prefix: str = "", max_series: int = 50_000,
                  max_series_bytes: int = DEFAULT_MAX_SERIES_BYTES,
@@ -231,16 +151,16 @@ class MetricsStore:
         self.max_series_bytes = max_series_bytes
         self.max_families = max_families
         self.families: dict[str, Family] = {}
-        self.series: dict[uuid.UUID, InstanceSeries] = {}
+        self.series: dict[InstanceKey, InstanceSeries] = {}
         self.total = 0
         self.bytes = 0
 
-    def forget(self, instance_id: uuid.UUID) -> None:
+    def forget(self, instance_id: InstanceKey) -> None:
         gone = self.series.pop(instance_id, None)
         if gone is None:
             return
-        self.total -= len(gone.index)
-        for key in gone.index:
+        self.total -= len(gone.slot_of)
+        for key in gone.slot_of:
             self.bytes -= series_size(key)
             family = self.families.get(key[0])
             if family is not None:
@@ -248,14 +168,14 @@ class MetricsStore:
                 if family.series <= 0:
                     del self.families[key[0]]
 
-    def ingest(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
+    def ingest(self, instance_id: InstanceKey, instance_labels: dict[str, str],
                resources: list[otlp.ResourceMetrics], delta: bool) -> IngestStats:
         stats = IngestStats()
         for _ in self.ingest_steps(instance_id, instance_labels, resources, delta, stats):
             pass
         return stats
 
-    def ingest_noting(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
+    def ingest_noting(self, instance_id: InstanceKey, instance_labels: dict[str, str],
                       resources: list[otlp.ResourceMetrics],
                       delta: bool) -> tuple[IngestStats, Landing | None]:
         """``ingest``, and where its points went (``land``) if each went into a series or
@@ -272,7 +192,7 @@ class MetricsStore:
             return stats, None  # a repeat would not go the same way
         return stats, Landing(own, tuple(series), tuple(summed), tuple(capped))
 
-    def land(self, instance_id: uuid.UUID, landing: Landing, values: list[int | float],
+    def land(self, instance_id: InstanceKey, landing: Landing, values: list[int | float],
              delta: bool) -> IngestStats | None:
         """A push shaped like the one ``landing`` noted, given its point values: what
         ``ingest`` would do, when that is sure (else None). Every noted series still
@@ -285,7 +205,7 @@ class MetricsStore:
         if landing.capped and (self.total < self.max_series or any(
                 self.families.get(family.name) is not family for family in landing.capped)):
             return None
-        column = landing.own.values  # an array: it takes ints and floats as doubles
+        column = landing.own  # an array: it takes ints and floats as doubles
         if delta:
             for i, summed, value in zip(landing.series, landing.summed, values, strict=True):
                 if i >= 0:
@@ -297,7 +217,7 @@ class MetricsStore:
         return IngestStats(points=len(values) - len(landing.capped),
                            dropped_by_cap=len(landing.capped))
 
-    def ingest_steps(self, instance_id: uuid.UUID, instance_labels: dict[str, str],
+    def ingest_steps(self, instance_id: InstanceKey, instance_labels: dict[str, str],
                      resources: list[otlp.ResourceMetrics], delta: bool,
                      stats: IngestStats, noted: Noted | None = None) -> Iterator[None]:
         """``ingest`` in steps of about ``STEP_POINTS`` points; yields between them.
@@ -327,7 +247,7 @@ class MetricsStore:
                                             delta, stats, noted)
                         yield
 
-    def _own(self, instance_id: uuid.UUID) -> InstanceSeries:
+    def _own(self, instance_id: InstanceKey) -> InstanceSeries:
         own = self.series.get(instance_id)
         if own is None:
             own = self.series[instance_id] = InstanceSeries()
@@ -377,7 +297,7 @@ class MetricsStore:
             key = (family.name, *base, *chain.from_iterable(
                 sorted((label_name(k), label_value(v)) for k, v in items))) if items else (
                 family.name, *base)
-            i = own.index.get(key)
+            i = own.slot_of.get(key)
             if i is None:
                 if self.total >= self.max_series:
                     stats.dropped_by_cap += 1
@@ -394,11 +314,9 @@ class MetricsStore:
                 family.series += 1
             stats.points += 1
             if isinstance(point, otlp.HistogramPoint):
-                own.hists[i] = _histogram(own.hists.get(i), point, accumulate)
+                own.hists[i] = histogram_state(own.hists.get(i), point, accumulate)
             elif isinstance(point, otlp.NumberPoint):
-                values = own.values
-                values[i] = values[i] + point.value if accumulate and summed else float(
-                    point.value)
+                own[i] = own[i] + point.value if accumulate and summed else float(point.value)
                 if noted is not None:
                     noted[0][-1] = i
         if not family.series:  # new, and nothing fitted: not kept for a name with no series
@@ -407,20 +325,6 @@ class MetricsStore:
     def snapshot(self) -> list[tuple[Family, list[tuple[Labels, Series]]]]:
         grouped: dict[str, list[tuple[Labels, Series]]] = {}
         for own in self.series.values():
-            for key, i in own.index.items():
+            for key, i in own.slot_of.items():
                 grouped.setdefault(key[0], []).append((labels_of(key), own.series(i)))
         return [(self.families[name], rows) for name, rows in sorted(grouped.items())]
-
-
-def _histogram(old: Hist | None, point: otlp.HistogramPoint, accumulate: bool) -> Hist:
-    """A histogram series' new state: a new flat tuple of floats (see ``Hist``)."""
-    bounds = tuple(point.explicit_bounds)
-    counts = [float(c) for c in point.bucket_counts]
-    if len(counts) != len(bounds) + 1:
-        counts = (counts + [0.0] * (len(bounds) + 1))[: len(bounds) + 1]
-    if accumulate and old:
-        count, total, kept, buckets = hist_parts(old)
-        if kept == bounds:
-            return (count + point.count, total + (point.sum or 0.0), *kept,
-                    *(a + b for a, b in zip(buckets, counts, strict=True)))
-    return float(point.count), point.sum or 0.0, *bounds, *counts

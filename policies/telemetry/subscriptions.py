@@ -13,7 +13,7 @@ import struct
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kproxy.codecs.crc32c import crc32c
 from kproxy.codecs.otlp.decode import DEFAULT_LIMITS, DecodeLimits
@@ -99,9 +99,9 @@ class TelemetrySettings:
                 self.compression_types)
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """The subscription one client instance gets: what it sends, and how often."""
+class Resolved(NamedTuple):
+    """The subscription one client instance gets: what it sends, and how often
+    (``ClientInstance`` keeps the three fields, not this object)."""
 
     requested_metrics: tuple[str, ...]
     interval_ms: int
