@@ -8,6 +8,7 @@ import sys
 import trio
 
 from kproxy import logs
+from kproxy.commands.collector import manage_full_collections
 from kproxy.commands.heap import settle_heap
 from kproxy.config import settings as config_mod
 from kproxy.embedded_broker import BrokerStartError, TansuBroker
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         proxy = Proxy(cfg, reload_config=lambda: config_mod.load(args))
         settle_heap(cfg.huge_pages)
+        manage_full_collections(cfg.gc_sweep_interval, proxy.metrics.registry)
         trio.run(proxy.run)
     except OSError as exc:
         print(f"kproxy demo: error: {exc}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """The heap as start-up leaves it: frozen, and on 2 MB pages.
 
 ``settle_heap`` runs once a worker has imported and configured everything, before its
-event loop starts. It freezes what start-up built (the garbage collector never walks it
-again) and puts the memory holding it on huge pages where the kernel can.
+event loop starts. It freezes what start-up built (the garbage collector walks it only
+in ``commands.collector``'s whole-heap walks) and puts the memory holding it on huge
+pages where the kernel can.
 
 Huge pages: fewer translations for the memory every request reads.
 
@@ -119,7 +120,8 @@ def settle_heap(huge_pages: bool) -> None:
 
     The modules, schemas and registries never die, yet a full collection walks all of
     them (about 8 ms, a latency spike for every request in flight). Frozen, a full
-    collection only visits what the running proxy allocated since.
+    collection only visits what the running proxy allocated since (and, with
+    ``commands.collector`` on, the whole heap once per ``gc_sweep_interval``).
     """
     gc.collect()
     gc.freeze()

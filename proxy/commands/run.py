@@ -8,6 +8,7 @@ import sys
 import trio
 
 from kproxy import logs
+from kproxy.commands.collector import manage_full_collections
 from kproxy.commands.heap import settle_heap
 from kproxy.config import settings as config_mod
 from kproxy.runtime.admission_control import AdmissionControl
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         # Each worker enforces its share of every quota (kproxy.policies.auth.quotas).
         proxy.services.quotas.share = max(1, args.control_workers)
     settle_heap(cfg.huge_pages)
+    manage_full_collections(cfg.gc_sweep_interval, proxy.metrics.registry)
     try:
         trio.run(proxy.run)
     except OSError as exc:  # typically a port already in use

@@ -229,6 +229,11 @@ OPTIONS: tuple[Option, ...] = (
            "once started, rebuild each mostly used 2 MB stretch of the heap as one huge "
            "page (Linux 6.1+, MADV_COLLAPSE; less CPU where page walks are dear); off: "
            "ordinary pages", "on|off", restart=True),
+    Option("gc_sweep_interval", parse_non_negative_seconds, 600.0,
+           "how often a worker's garbage collector walks its whole heap; between such "
+           "walks a full collection walks only what was made since the last one (the "
+           "rest is frozen, still freed as soon as nothing refers to it); 0: every full "
+           "collection walks everything", "SECONDS", restart=True),
     Option("connect_timeout", parse_seconds, 10.0, "upstream connect timeout", "SECONDS"),
     Option("upstream_dns_ttl", parse_non_negative_seconds, 30.0,
            "how long the addresses an upstream name (bootstrap server or broker host) "

@@ -96,6 +96,7 @@ class Config:
     splice_from: int = 64 * 1024
     express_lane: bool = True
     huge_pages: bool = True
+    gc_sweep_interval: float = 600.0
     max_connections: int = 10_000
     max_connections_per_source: int = 1_000
     idle_timeout: float = 600.0
