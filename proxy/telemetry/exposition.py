@@ -31,6 +31,8 @@ PIECE_ROWS = 32
 # Series labelled between two young collections of a scrape's labelling (the tuples
 # they add hold twice as many references for the collection to walk).
 LABELS_PER_COLLECTION = 1024
+# Instances a scrape looks over between two pieces when none needs label text made.
+INSTANCES_PER_PIECE = 256
 
 
 class ClientMetricsCollector:
@@ -68,24 +70,9 @@ class ClientMetricsCollector:
                                 service.store.total)
         store = service.store
         instances = list(store.series.values())
-        # Label text for the series no scrape has labelled yet, first: each instance's
-        # new text comes in two tuples of a reference a series, which the young
-        # collection that meets them walks once (and untracks). Collected as they are
-        # made, every LABELS_PER_COLLECTION series: left to the one after the walk, 600
-        # new clients' (150,000 series) held the loop 2.3 to 3.6 ms in it.
         heads: dict[tuple[str, ...], str] = {}  # label text made in this scrape, shared
         tails: dict[tuple[str, ...], str] = {}
-        labelled = 0
-        for own in instances:
-            if len(own.tails) < len(own.slot_of):
-                labelled += _label(own, heads, tails)
-                if labelled >= LABELS_PER_COLLECTION:
-                    labelled = 0
-                    yield COLLECT_YOUNG
-                else:
-                    yield None
-        if labelled:
-            yield COLLECT_YOUNG
+        yield from label_new_series(instances, heads, tails)
         # Family name -> its series (their instances and slots, side by side): two deques
         # per family, no new container per series (a scrape must not feed the cyclic
         # garbage collector).
@@ -100,7 +87,7 @@ class ClientMetricsCollector:
                     found = grouped[key[0]] = (deque(), deque())
                 found[0].append(own)
                 found[1].append(i)
-            copied += len(own.slot_of)
+            copied += len(own.slot_of) or 1  # an instance the cap left no series counts too
             if copied >= self.piece_rows:
                 copied = 0
                 yield None
@@ -117,6 +104,32 @@ class ClientMetricsCollector:
             while slots:
                 yield _sample_lines(family, [(owners.popleft(), slots.popleft())
                                              for _ in range(min(step, len(slots)))])
+
+
+def label_new_series(instances: list[InstanceSeries], heads: dict[tuple[str, ...], str],
+                     tails: dict[tuple[str, ...], str]) -> Iterator[Piece]:
+    """Label text for the series no scrape has labelled yet, first, in pieces.
+
+    Each instance's new text comes in two tuples of a reference a series, which the
+    young collection that meets them walks once (and untracks). Collected as they are
+    made, every LABELS_PER_COLLECTION series: left to the one after the walk, 600 new
+    clients' (150,000 series) held the loop 2.3 to 3.6 ms in it. Instances with nothing
+    to label are looked over ``INSTANCES_PER_PIECE`` a piece: all in one go, 20,000
+    held the loop 5 to 9 ms.
+    """
+    labelled = 0
+    for looked, own in enumerate(instances, 1):
+        if len(own.tails) < len(own.slot_of):
+            labelled += _label(own, heads, tails)
+            if labelled >= LABELS_PER_COLLECTION:
+                labelled = 0
+                yield COLLECT_YOUNG
+            else:
+                yield None
+        elif looked % INSTANCES_PER_PIECE == 0:
+            yield None
+    if labelled:
+        yield COLLECT_YOUNG
 
 
 def _escape(value: str) -> str:
