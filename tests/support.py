@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -315,6 +315,17 @@ def kernel_collapses() -> bool:
     major, minor = int(release[0]), int("".join(c for c in release[1] if c.isdigit()) or 0)
     return ((major, minor) >= (6, 1)
             and os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"))
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant, from /proc (the children of each thread)."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
+            with suppress(OSError):  # exited since
+                pids += [int(c) for c in task.read_text().split()]
+        i += 1
+    return pids
 
 
 def worker_pids(supervisor: int) -> list[int]:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded_broker import TansuBroker, free_port, wait_for_port  # noqa: E402
 from tests.support import broker_port_base  # noqa: E402
+from tests.support import process_tree as support_process_tree  # noqa: E402
 from tests.support import stop_process as stop_proc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -119,15 +120,7 @@ def process_cpu_seconds(pid: int, waited_for: bool = False) -> float:
 
 def process_tree(process: subprocess.Popen[bytes] | None) -> list[int]:
     """The pid of ``process`` and of every live descendant."""
-    if process is None:
-        return []
-    pids, i = [process.pid], 0
-    while i < len(pids):
-        for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
-            with contextlib.suppress(OSError):  # exited since
-                pids += [int(c) for c in task.read_text().split()]
-        i += 1
-    return pids
+    return [] if process is None else support_process_tree(process.pid)
 
 
 def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None,
