@@ -200,10 +200,10 @@ def test_a_client_instance_is_one_tracked_object_in_the_state_and_one_in_the_sto
 def test_a_scrape_offers_the_loop_a_turn_every_few_instances_it_looks_over() -> None:
     """A scrape looks over every instance twice before it writes a sample: whether it
     needs label text, then which families its series belong to. The first pass made no
-    piece for instances already labelled, so 20,000 were looked over in one slice (5-9
-    ms, one worker, 3 series each); the second none for instances the series cap left
-    with no series. Each pass now makes a piece (a turn, once the slice's budget is
-    spent) at least every ``INSTANCES_PER_PIECE`` instances."""
+    piece for instances already labelled, so a fleet of 20,000 was looked over in one
+    slice; the second none for instances the series cap left with no series. Each pass
+    now makes a piece (a turn, once the slice's budget is spent) at least every
+    ``INSTANCES_PER_PIECE`` instances."""
     instances = 4 * INSTANCES_PER_PIECE
     cfg = make_config("127.0.0.1:1", telemetry_max_series=instances,
                       telemetry_max_series_bytes=2**32)
