@@ -18,7 +18,7 @@ walk comes once an interval instead of at every full collection.
 
 ``kproxy_gc_full_collection_seconds`` shows both kinds of walk (``walk="recent"`` and
 ``"whole"``). ``gc_sweep_interval = 0`` leaves the collector as CPython runs it: every
-full collection walks everything.
+full collection walks everything, and the histogram counts each as ``whole``.
 """
 
 from __future__ import annotations
@@ -35,14 +35,16 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class FullCollections:
-    """Freezes what survived each full collection; thaws everything once an interval."""
+    """Freezes what survived each full collection; thaws everything once an interval
+    (an interval of 0: freezes nothing, only times the collections)."""
 
     def __init__(self, interval: float, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
         self._clock = clock
         self._thaw_at = clock() + interval
-        self._whole = False  # the collection under way walks everything (thawed before it)
+        # The collection under way walks everything (thawed before it, or never frozen).
+        self._whole = interval <= 0
         self._started = 0.0
         self.seconds = Histogram(
             "kproxy_gc_full_collection_seconds", "Full collections of the cyclic garbage "
@@ -65,6 +67,8 @@ class FullCollections:
             return
         walked = "whole" if self._whole else "recent"
         self.seconds.labels(walked).observe(time.perf_counter() - self._started)
+        if self.interval <= 0:
+            return
         now = self._clock()
         if now >= self._thaw_at:
             gc.unfreeze()  # the next full collection walks everything
@@ -75,11 +79,8 @@ class FullCollections:
             self._whole = False
 
 
-def manage_full_collections(interval: float,
-                            registry: CollectorRegistry) -> FullCollections | None:
-    """Installs the policy in this process (a worker, once started); None if off."""
-    if interval <= 0:
-        return None
+def manage_full_collections(interval: float, registry: CollectorRegistry) -> FullCollections:
+    """Installs the policy in this process (a worker, once started)."""
     policy = FullCollections(interval, registry)
     policy.install()
     return policy

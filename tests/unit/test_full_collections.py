@@ -110,6 +110,15 @@ def test_young_collections_are_left_alone(
 
 
 def test_an_interval_of_zero_leaves_the_collector_as_cpython_runs_it() -> None:
-    before = list(gc.callbacks)
-    assert manage_full_collections(0, CollectorRegistry()) is None
-    assert gc.callbacks == before
+    """Nothing frozen: every full collection walks everything, and is timed as such."""
+    registry = CollectorRegistry()
+    timed = manage_full_collections(0, registry)
+    try:
+        frozen = gc.get_freeze_count()
+        kept = Node()
+        gc.collect()
+        assert gc.get_freeze_count() == frozen
+        assert any(o is kept for o in gc.get_objects())  # still in the walks
+        assert _walks(registry, "whole") == 1 and _walks(registry, "recent") == 0
+    finally:
+        timed.uninstall()
