@@ -195,6 +195,37 @@ def test_expiry_in_steps_looks_at_a_bounded_number_each_step() -> None:
     assert set(st.instances) == set(keys([ids[2], *ids[1::2]]))
 
 
+def test_a_sweep_looks_at_no_instance_while_none_can_have_expired() -> None:
+    """A sweep copies every instance's id to look at them, which held a scrape's loop 4-6
+    ms at 20,000 instances. A completed sweep knows the earliest any instance left can
+    expire; till then a sweep is one step that looks at none. A new instance, one seen
+    again and a terminating push move that moment as they happen, and a sweep left
+    unfinished (a scrape cancelled) leaves it as it was."""
+    forgotten: list[int] = []
+    st = t.TelemetryState(settings({"metrics": ["*"], "interval_ms": 300_000}),
+                          on_forget=forgotten.append)  # instances expire 900 s unseen
+    ids = [uuid.UUID(int=i) for i in range(1, 5)]
+    for iid in ids[:3]:  # the requests' own sweep completes: all expire at 901 s
+        st.get_subscriptions(iid, ATTRS, now=1000)
+    assert list(st.expire_steps(now=2000, per_step=1)) == [0]  # none due: one step
+    # A terminating push: its instance now expires 120 s on, before the others.
+    inst = st.instances[ids[0].int]
+    ended = st.push(ids[0], inst.subscription_id, True, 0, b"", ATTRS, now=10_000)
+    assert ended.error_code == t.NONE
+    # All looked at, the pushed one last (a request moves its instance to the end).
+    assert list(st.expire_steps(now=130_001, per_step=1)) == [0, 0, 1, 1]
+    assert forgotten == keys(ids[:1])
+    st.get_subscriptions(ids[3], ATTRS, now=140_000)  # new: expires at 1,040 s
+    abandoned = st.expire_steps(now=901_001, per_step=1)  # two due: it looks...
+    assert next(abandoned) == 1 and forgotten == keys(ids[:2])
+    abandoned.close()  # ... and is left after its first step
+    assert st.expire(now=901_001) == 1 and forgotten == keys(ids[:3])
+    assert list(st.expire_steps(now=1_000_000, per_step=1)) == [0]
+    assert st.expire(now=1_040_001) == 1 and not st.instances
+    st.get_subscriptions(ids[0], ATTRS, now=2_000_000)  # after a sweep that found none
+    assert st.expire(now=2_900_001) == 1 and not st.instances
+
+
 def test_requests_sweep_a_step_each_and_never_keep_an_expired_instance() -> None:
     """A request advances the expiry sweep by one step (``REQUEST_EXPIRY_STEP``
     instances), not all of them at once; the instance it names is judged on its own:
