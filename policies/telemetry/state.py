@@ -110,8 +110,13 @@ class ClientInstance:
     def expires_after_ms(self) -> int:
         return max(60_000, 3 * self.interval_ms)
 
+    @property
+    def deadline_ms(self) -> int:
+        """The last moment it is remembered unseen; later, it has expired."""
+        return self.last_seen_ms + self.expires_after_ms
+
     def expired(self, now: int) -> bool:
-        return now - self.last_seen_ms > self.expires_after_ms
+        return now > self.deadline_ms
 
     def may_get(self, now: int) -> bool:
         first, self.asked = not self.asked, True
@@ -231,7 +236,7 @@ class TelemetryState:
                 gone += 1
                 looked = per_step
             elif inst is not None:
-                lowest[0] = min(lowest[0], inst.last_seen_ms + inst.expires_after_ms)
+                lowest[0] = min(lowest[0], inst.deadline_ms)
             if looked >= per_step:
                 looked = 0
                 yield gone
@@ -241,7 +246,7 @@ class TelemetryState:
 
     def _note_deadline(self, inst: ClientInstance) -> None:
         """An instance is new, seen again or ends soon: sweeps must not skip its expiry."""
-        deadline = inst.last_seen_ms + inst.expires_after_ms
+        deadline = inst.deadline_ms
         self._expiry_floor = min(self._expiry_floor, deadline)
         for lowest in self._open_sweeps:
             lowest[0] = min(lowest[0], deadline)
